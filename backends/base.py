@@ -1,0 +1,70 @@
+"""The Backend protocol: what the Bridge asks of device memory.
+
+A backend moves bytes and reports completion; it makes no lifetime decision.
+Buffers and event tokens are opaque to the Bridge. Any operation may raise
+`BackendError` for a device-side failure; the Bridge maps it to the typed
+error of the contract. A backend must never be asked to free memory in use,
+and the fake backend checks exactly that on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+class BackendError(Exception):
+    """A device-side failure (allocation, copy, compute or view)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """An event token's status: pending, done, or done with an error message."""
+
+    done: bool
+    error: str | None = None
+
+
+PENDING = Status(False)
+OK = Status(True)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Device memory for one Bridge."""
+
+    name: str
+
+    def begin_generation(self, generation: int) -> None:
+        """A restart began `generation`; older buffers may now only be freed."""
+
+    def alloc(self, nbytes: int, dtype: str) -> object:
+        """Allocate `nbytes` bytes of device memory."""
+
+    def free(self, buffer: object) -> None:
+        """Release a buffer. Called exactly once per buffer, never while it is in use."""
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        """Copy host bytes `src` into the buffer at `offset`; returns an event token.
+
+        With sync=True the copy is complete on return. Otherwise `src` must stay
+        valid until the token is done, and is read no later than that."""
+
+    def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        """Copy `len(dst)` device bytes from `offset` into host bytes `dst`; returns an event token."""
+
+    def compute(self, buffers: Sequence[object]) -> object:
+        """A completion marker for compute work on `buffers`; returns an event token."""
+
+    def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+        """A zero-copy tinygrad Tensor over the buffer's bytes at `offset`."""
+
+    def query(self, token: object) -> Status:
+        """The token's status now. Never blocks."""
+
+    def wait(self, token: object, timeout: float | None) -> bool:
+        """Block until the token is done or `timeout` seconds pass; whether it is done."""
+
+    def subscribe(self, callback: Callable[[object], None]) -> bool:
+        """Ask to be called with each token as it completes; False if the backend cannot."""

@@ -1,0 +1,306 @@
+"""FakeBackend: byte-accurate device memory that records every call.
+
+Tests drive it: asynchronous events complete only when a test calls
+`complete` (or `fail`), in any order. Each buffer sits between guard bytes,
+so a write outside the requested range is caught. The fake also keeps its
+own books and raises `FakeViolation` whenever the Bridge asks for something
+the contract forbids: freeing memory that a pending event or a live view
+uses, freeing twice, or touching a buffer of an older generation.
+
+Asynchronous data moves at completion time, as on a real device: an input
+copy reads the host bytes when it completes, so host bytes released too
+early show up as wrong device bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devbridge.backends.base import OK, PENDING, BackendError, Status
+
+GUARD = 64  # guard bytes on each side of a buffer
+GUARD_BYTE = 0xA5
+POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
+OPS = ("alloc", "free", "copy_in", "copy_out", "compute", "view")
+FAULTABLE = ("alloc", "copy_in", "copy_out", "compute", "view")
+
+
+class FakeViolation(AssertionError):
+    """The Bridge asked the fake backend for something the contract forbids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One backend call as the fake saw it. `buffer` is the fake's buffer id."""
+
+    op: str
+    buffer: int | None = None
+    offset: int | None = None
+    nbytes: int | None = None
+    sync: bool | None = None
+    event: int | None = None
+    buffers: tuple[int, ...] = ()
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    generation: int = 0
+
+
+@dataclass(eq=False)
+class FakeBuffer:
+    id: int
+    nbytes: int
+    dtype: str
+    generation: int
+    raw: np.ndarray[Any, np.dtype[np.uint8]]
+    freed: bool = False
+    views: list[weakref.ref[Any]] = field(default_factory=list)
+
+    @property
+    def data(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self.raw[GUARD : GUARD + self.nbytes]
+
+    def live_views(self) -> int:
+        self.views = [v for v in self.views if v() is not None]
+        return len(self.views)
+
+
+@dataclass(eq=False)
+class FakeEvent:
+    id: int
+    op: str
+    buffers: tuple[int, ...]
+    fail: bool
+    apply: Callable[[], None] | None
+    status: Status = PENDING
+
+    @property
+    def pending(self) -> bool:
+        return not self.status.done
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, capacity: int | None = None) -> None:
+        """`capacity`, when given, is the device size in bytes; beyond it alloc fails."""
+        self.capacity = capacity
+        self.generation = 0
+        self.calls: list[Call] = []
+        self.violations: list[str] = []
+        self._buffers: dict[int, FakeBuffer] = {}
+        self._events: dict[int, FakeEvent] = {}
+        self._faults: Counter[str] = Counter()
+        self._listeners: list[Callable[[object], None]] = []
+        self._cond = threading.Condition(threading.RLock())
+
+    # ------------------------------------------------------------ test controls
+
+    def fail_next(self, op: str, times: int = 1) -> None:
+        """Make the next `times` calls of `op` fail (sync: raise; async: fail at completion)."""
+        if op not in FAULTABLE:
+            raise ValueError(f"fail_next: op must be one of {FAULTABLE}, got {op!r}")
+        with self._cond:
+            self._faults[op] += times
+
+    def pending(self) -> list[FakeEvent]:
+        """Events not yet completed, oldest first."""
+        with self._cond:
+            return [e for e in self._events.values() if e.pending]
+
+    def complete(self, event: Any) -> None:
+        """Complete one pending event (a FakeEvent, its id, or a Bridge event)."""
+        self._finish(self._resolve(event), None)
+
+    def fail(self, event: Any, message: str = "injected failure") -> None:
+        """Fail one pending event: its data never moves."""
+        self._finish(self._resolve(event), message)
+
+    def complete_all(self) -> int:
+        """Complete every pending event, oldest first; how many there were."""
+        events = self.pending()
+        for e in events:
+            self._finish(e, None)
+        return len(events)
+
+    @property
+    def live_allocations(self) -> int:
+        with self._cond:
+            return sum(not b.freed for b in self._buffers.values())
+
+    def buffer(self, buffer_id: int) -> FakeBuffer:
+        return self._buffers[buffer_id]
+
+    def ops(self) -> list[str]:
+        """The op of every call so far, in order."""
+        return [c.op for c in self.calls]
+
+    # ------------------------------------------------------------ Backend protocol
+
+    def begin_generation(self, generation: int) -> None:
+        with self._cond:
+            self.generation = generation
+
+    def alloc(self, nbytes: int, dtype: str) -> object:
+        with self._cond:
+            buffer_id = len(self._buffers)
+            self.calls.append(Call("alloc", buffer_id, 0, nbytes, generation=self.generation))
+            in_use = sum(b.nbytes for b in self._buffers.values() if not b.freed)
+            if self._take_fault("alloc") or (self.capacity is not None and in_use + nbytes > self.capacity):
+                raise BackendError(f"fake: cannot allocate {nbytes} B")
+            raw = np.full(nbytes + 2 * GUARD, GUARD_BYTE, dtype=np.uint8)
+            raw[GUARD : GUARD + nbytes] = 0
+            self._buffers[buffer_id] = FakeBuffer(buffer_id, nbytes, dtype, self.generation, raw)
+            return buffer_id
+
+    def free(self, buffer: object) -> None:
+        with self._cond:
+            buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
+            if buf is None:
+                self._violate(f"free of unknown buffer {buffer!r}")
+            assert buf is not None
+            self.calls.append(Call("free", buf.id, generation=self.generation))
+            if buf.freed:
+                self._violate(f"buffer #{buf.id} freed twice")
+            if busy := [e.id for e in self._events.values() if e.pending and buf.id in e.buffers]:
+                self._violate(f"buffer #{buf.id} freed while events {busy} use it")
+            if buf.live_views():
+                self._violate(f"buffer #{buf.id} freed while {buf.live_views()} view(s) can read it")
+            self._check_guards(buf)
+            buf.freed = True
+            buf.data[:] = POISON_BYTE
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        with self._cond:
+            buf = self._usable(buffer, offset, len(src), "copy_in")
+            ev = self._new_event("copy_in", (buf.id,), lambda: self._write(buf, offset, bytes(src)))
+            self.calls.append(Call("copy_in", buf.id, offset, len(src), sync, ev.id, generation=self.generation))
+            return self._submit(ev, sync)
+
+    def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        with self._cond:
+            buf = self._usable(buffer, offset, len(dst), "copy_out")
+
+            def move() -> None:
+                dst[:] = buf.data[offset : offset + len(dst)].tobytes()
+
+            ev = self._new_event("copy_out", (buf.id,), move)
+            self.calls.append(Call("copy_out", buf.id, offset, len(dst), sync, ev.id, generation=self.generation))
+            return self._submit(ev, sync)
+
+    def compute(self, buffers: Sequence[object]) -> object:
+        with self._cond:
+            bufs = [self._usable(b, 0, 0, "compute") for b in buffers]
+            ev = self._new_event("compute", tuple(b.id for b in bufs), None)
+            self.calls.append(Call("compute", event=ev.id, buffers=ev.buffers, generation=self.generation))
+            return ev
+
+    def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+        from tinygrad.dtype import dtypes
+        from tinygrad.tensor import Tensor
+
+        with self._cond:
+            tdtype = getattr(dtypes, dtype)
+            nbytes = int(np.prod(shape)) * tdtype.itemsize
+            buf = self._usable(buffer, offset, nbytes, "view")
+            self.calls.append(
+                Call("view", buf.id, offset, nbytes, shape=shape, dtype=dtype, generation=self.generation)
+            )
+            if self._take_fault("view"):
+                raise BackendError(f"fake: cannot view buffer #{buf.id}")
+            ptr = buf.raw.ctypes.data + GUARD + offset
+            tensor = Tensor.from_blob(ptr, shape, dtype=tdtype, device="CPU")
+            buf.views.append(weakref.ref(tensor))
+            return tensor
+
+    def query(self, token: object) -> Status:
+        with self._cond:
+            return self._resolve(token).status
+
+    def wait(self, token: object, timeout: float | None) -> bool:
+        with self._cond:
+            ev = self._resolve(token)
+            return self._cond.wait_for(lambda: not ev.pending, timeout)
+
+    def subscribe(self, callback: Callable[[object], None]) -> bool:
+        with self._cond:
+            self._listeners.append(callback)
+        return True
+
+    # ------------------------------------------------------------ mechanics
+
+    def _violate(self, message: str) -> None:
+        self.violations.append(message)
+        raise FakeViolation(message)
+
+    def _take_fault(self, op: str) -> bool:
+        if self._faults[op] > 0:
+            self._faults[op] -= 1
+            return True
+        return False
+
+    def _usable(self, buffer: object, offset: int, nbytes: int, op: str) -> FakeBuffer:
+        """The fake's independent checks on a buffer about to be touched."""
+        buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
+        if buf is None:
+            self._violate(f"{op} on unknown buffer {buffer!r}")
+        assert buf is not None
+        if buf.freed:
+            self._violate(f"{op} on freed buffer #{buf.id}")
+        if buf.generation != self.generation:
+            self._violate(f"{op} on buffer #{buf.id} of old generation {buf.generation}")
+        if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
+            self._violate(f"{op} [{offset}, {offset + nbytes}) outside buffer #{buf.id} of {buf.nbytes} B")
+        return buf
+
+    def _new_event(self, op: str, buffers: tuple[int, ...], apply: Callable[[], None] | None) -> FakeEvent:
+        ev = FakeEvent(len(self._events), op, buffers, self._take_fault(op), apply)
+        self._events[ev.id] = ev
+        return ev
+
+    def _submit(self, ev: FakeEvent, sync: bool) -> FakeEvent:
+        if not sync:
+            return ev
+        if ev.fail:
+            ev.status = Status(True, f"fake: {ev.op} failed")
+            raise BackendError(ev.status.error)
+        if ev.apply:
+            ev.apply()
+        ev.status = OK
+        return ev
+
+    def _write(self, buf: FakeBuffer, offset: int, data: bytes) -> None:
+        buf.data[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._check_guards(buf)
+
+    def _check_guards(self, buf: FakeBuffer) -> None:
+        if (buf.raw[:GUARD] != GUARD_BYTE).any() or (buf.raw[GUARD + buf.nbytes :] != GUARD_BYTE).any():
+            self._violate(f"bytes outside buffer #{buf.id} were written")
+
+    def _resolve(self, token: Any) -> FakeEvent:
+        token = getattr(token, "backend_token", token)
+        key = token.id if isinstance(token, FakeEvent) else token
+        ev = self._events.get(key)
+        if ev is None:
+            raise KeyError(f"no fake event {token!r}")
+        return ev
+
+    def _finish(self, ev: FakeEvent, failure: str | None) -> None:
+        with self._cond:
+            if not ev.pending:
+                raise ValueError(f"fake event #{ev.id} ({ev.op}) is not pending")
+            if failure is None and ev.fail:
+                failure = f"fake: {ev.op} failed"
+            if failure is None and ev.apply is not None:
+                ev.apply()
+            ev.status = Status(True, failure)
+            self._cond.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:  # outside the lock: listeners take the Bridge's lock
+            listener(ev)

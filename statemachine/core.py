@@ -1,0 +1,192 @@
+"""The sans-I/O lifecycle core: allocations, generations, uses in flight.
+
+The core holds every lifecycle decision and performs no device work: the
+Bridge asks it whether a call is allowed (`check`), tells it what happened
+(`begin`, `end`, `free`, `restart`), and carries out the `Effects` it
+returns (backend frees, host-ring releases). Each allocation's state is a
+plain string advanced through the compiled spec table. Not thread-safe: the
+Bridge serialises calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from devbridge.errors import ERRORS, BridgeError, InvalidHandleError
+from devbridge.spec import Lifecycle, guard_values
+from devbridge.spec import load as load_spec
+from devbridge.statemachine.machine import build_machine, compile_table, default_table
+
+#: Kinds of use in flight, and the spec event that begins and ends each.
+USE_EVENTS: Mapping[str, tuple[str, str]] = {
+    "copy_in": ("copy_begin", "copy_end"),
+    "copy_out": ("copy_begin", "copy_end"),
+    "compute": ("compute_begin", "compute_end"),
+    "view": ("compute_begin", "compute_end"),
+}
+
+
+@dataclass(slots=True, eq=False)
+class Allocation:
+    """The core's record of one device allocation (dropped once terminal)."""
+
+    id: int
+    generation: int
+    extent: int
+    spec: Any
+    memory: object  # the backend's buffer; opaque here
+    state: str
+    copies: int = 0
+    computes: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A use the backend has not finished: a copy, a compute, or a live view."""
+
+    id: int
+    kind: str
+    allocations: tuple[int, ...]
+    host: Any  # the HostRange a copy reads or writes; None for compute and views
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What the Bridge must do after a use ends.
+
+    `host_ok` says whether the host range's side effect happened: for an input
+    copy the bytes may be released, for an output copy they are valid.
+    `error_rule` is set when the use failed (COPY-F, COMPUTE-F) or was
+    aborted by a restart (GEN-1).
+    """
+
+    release: tuple[Allocation, ...]
+    use: InFlight
+    host_ok: bool
+    error_rule: str | None
+
+
+class LifecycleCore:
+    def __init__(self, lifecycle: Lifecycle | None = None) -> None:
+        if lifecycle is None:
+            self._spec, self._table = load_spec(), default_table()
+        else:
+            self._spec, self._table = lifecycle, compile_table(build_machine(lifecycle), lifecycle)
+        self._errors: dict[str, type[BridgeError]] = {
+            r.id: ERRORS[r.error or "BridgeError"] for r in self._spec.rules.values()
+        }
+        self._deltas = {e.name: (e.counter, e.delta) for e in self._spec.events.values()}
+        self.generation = 0
+        self._allocations: dict[int, Allocation] = {}
+        self._inflight: dict[int, InFlight] = {}
+        self._next_allocation = 0
+        self._next_use = 0
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def spec(self) -> Lifecycle:
+        return self._spec
+
+    def state(self, alloc_id: int, generation: int) -> str:
+        """The allocation's state; a dropped record is `freed` in its own generation, else `stale`."""
+        self._known(alloc_id)
+        record = self._allocations.get(alloc_id)
+        if record is not None:
+            return record.state
+        return "freed" if generation == self.generation else "stale"
+
+    def allocation(self, alloc_id: int) -> Allocation | None:
+        return self._allocations.get(alloc_id)
+
+    def allocations(self) -> Iterable[Allocation]:
+        return self._allocations.values()
+
+    def inflight(self) -> Iterable[InFlight]:
+        return self._inflight.values()
+
+    def use(self, use_id: int) -> InFlight | None:
+        return self._inflight.get(use_id)
+
+    # ------------------------------------------------------------ decisions
+
+    def check(self, handles: Iterable[tuple[int, int]], event: str) -> None:
+        """Raise the rule's error if `event` is rejected for any handle. Changes nothing."""
+        for alloc_id, generation in handles:
+            record = self._allocations.get(alloc_id)
+            copies, computes = (record.copies, record.computes) if record else (0, 0)
+            state = self.state(alloc_id, generation)
+            step = self._table.decide(state, event, guard_values(copies, computes))
+            if step.rule is not None:
+                raise self._errors[step.rule](
+                    step.rule,
+                    f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}",
+                )
+
+    def add(self, extent: int, spec: Any, memory: object) -> Allocation:
+        record = Allocation(self._next_allocation, self.generation, extent, spec, memory, self._spec.initial)
+        self._allocations[record.id] = record
+        self._next_allocation += 1
+        return record
+
+    def begin(self, kind: str, handles: Iterable[tuple[int, int]], host: Any = None) -> InFlight:
+        """Record a use of each distinct handle, all or nothing."""
+        unique = tuple(dict.fromkeys(handles))
+        event = USE_EVENTS[kind][0]
+        self.check(unique, event)
+        for alloc_id, generation in unique:
+            self._fire(alloc_id, generation, event)
+        use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation)
+        self._inflight[use.id] = use
+        self._next_use += 1
+        return use
+
+    def end(self, use_id: int, ok: bool) -> Effects:
+        """The backend is done with a use (successfully or not)."""
+        use = self._inflight.pop(use_id)
+        event = USE_EVENTS[use.kind][1]
+        release = tuple(r for a in use.allocations if (r := self._fire(a, use.generation, event)) is not None)
+        aborted = use.generation != self.generation
+        error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
+        return Effects(release, use, ok and not aborted, error)
+
+    def free(self, alloc_id: int, generation: int) -> Allocation | None:
+        """free_device: the record to release now, or None when the free is deferred."""
+        self.check([(alloc_id, generation)], "free")
+        return self._fire(alloc_id, generation, "free")
+
+    def restart(self) -> list[Allocation]:
+        """Begin a new generation; returns the old allocations to release now."""
+        old = list(self._allocations.values())
+        self.generation += 1
+        return [r for r in old if self._fire(r.id, r.generation, "restart") is not None]
+
+    # ------------------------------------------------------------ mechanics
+
+    def _known(self, alloc_id: int) -> None:
+        if not 0 <= alloc_id < self._next_allocation:
+            raise InvalidHandleError("HANDLE-1", f"allocation #{alloc_id} was not made by this bridge")
+
+    def _fire(self, alloc_id: int, generation: int, event: str) -> Allocation | None:
+        """Advance one allocation; returns it when its memory must be released now."""
+        record = self._allocations.get(alloc_id)
+        if record is None:  # freed or stale: no counters, no memory
+            self.check([(alloc_id, generation)], event)
+            return None
+        step = self._table.decide(record.state, event, guard_values(record.copies, record.computes))
+        if step.rule is not None:
+            raise self._errors[step.rule](step.rule, f"{event} rejected: allocation #{alloc_id} is {record.state}")
+        counter, delta = self._deltas[event]
+        if counter == "copies":
+            record.copies += delta
+        elif counter == "computes":
+            record.computes += delta
+        assert step.dest is not None
+        record.state = step.dest
+        assert self._spec.states[step.dest].admits(record.copies, record.computes), (record, event)
+        if step.dest in self._table.terminal:
+            del self._allocations[alloc_id]
+        return record if step.release else None
