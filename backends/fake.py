@@ -137,6 +137,17 @@ class FakeBackend:
     def buffer(self, buffer_id: int) -> FakeBuffer:
         return self._buffers[buffer_id]
 
+    def snapshot(self) -> tuple[object, ...]:
+        """Calls, every buffer's bytes (guards included) and event statuses: for
+        tests asserting that a rejected call changed nothing."""
+        with self._cond:
+            return (
+                tuple(self.calls),
+                tuple((b.id, b.freed, b.raw.tobytes()) for b in self._buffers.values()),
+                tuple((e.id, e.status) for e in self._events.values()),
+                tuple(self._faults.items()),
+            )
+
     def ops(self) -> list[str]:
         """The op of every call so far, in order."""
         return [c.op for c in self.calls]

@@ -1,0 +1,199 @@
+"""Allocation, free, deferred free, handles: ALLOC-*, SPEC-1, FREE-*, USE-1, HANDLE-1."""
+
+from __future__ import annotations
+
+import pytest
+from support import F32, U8, put, read_device, snapshot
+
+from devbridge import (
+    Bridge,
+    DeviceAllocationError,
+    DeviceHandle,
+    DeviceRange,
+    HostRing,
+    InvalidHandleError,
+    InvalidSpecError,
+    ObjectSpec,
+    RangeError,
+    TensorViewSpec,
+)
+from devbridge.backends.fake import Call, FakeBackend
+
+
+@pytest.mark.holds("ALLOC-1")
+def test_alloc_gives_a_handle_of_the_extent_in_the_current_generation(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(F32, 256)
+    assert (h.extent, h.generation, h.spec, bridge.state(h)) == (256, 0, F32, "allocated")
+    assert fake.calls == [Call("alloc", 0, 0, 256)]
+    assert fake.buffer(0).nbytes == 256 and fake.buffer(0).dtype == "float32"
+    bridge.restart()
+    assert bridge.alloc_device(F32, 8).generation == 1
+
+
+@pytest.mark.rejects("ALLOC-1")
+@pytest.mark.parametrize("extent", [0, -4, 6, 2.5, True, "8"])
+def test_alloc_rejects_bad_extents_without_a_backend_call(bridge: Bridge, fake: FakeBackend, extent: object) -> None:
+    with pytest.raises(RangeError) as e:
+        bridge.alloc_device(F32, extent)  # type: ignore[arg-type]
+    assert e.value.rule == "ALLOC-1"
+    assert fake.calls == [] and bridge.stats()["live_allocations"] == 0
+
+
+@pytest.mark.holds("SPEC-1")
+def test_object_spec_accepts_known_dtypes_and_a_matching_role_view() -> None:
+    view = TensorViewSpec((2, 3), "float16")
+    spec = ObjectSpec("w", "float16", role="weights", view=view)
+    assert (spec.itemsize, spec.view) == (2, view)
+
+
+@pytest.mark.rejects("SPEC-1")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": "", "dtype": "float32"},
+        {"name": "x", "dtype": "float33"},
+        {"name": "x", "dtype": "float32", "role": ""},
+        {"name": "x", "dtype": "float32", "view": TensorViewSpec((4,), "int32")},
+    ],
+)
+def test_object_spec_rejects_malformed_specs(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidSpecError) as e:
+        ObjectSpec(**kwargs)  # type: ignore[arg-type]
+    assert e.value.rule == "SPEC-1"
+
+
+@pytest.mark.rejects("SPEC-1")
+def test_alloc_rejects_a_non_spec(bridge: Bridge, fake: FakeBackend) -> None:
+    with pytest.raises(InvalidSpecError, match=r"\[SPEC-1\]"):
+        bridge.alloc_device("float32", 8)  # type: ignore[arg-type]
+    assert fake.calls == []
+
+
+@pytest.mark.holds("ALLOC-2")
+@pytest.mark.rejects("ALLOC-2")
+def test_alloc_failure_is_typed_and_leaks_nothing(bridge: Bridge, fake: FakeBackend) -> None:
+    fake.fail_next("alloc")
+    with pytest.raises(DeviceAllocationError) as e:
+        bridge.alloc_device(F32, 64)
+    assert e.value.rule == "ALLOC-2"
+    assert fake.live_allocations == 0 and bridge.stats()["live_allocations"] == 0
+    assert bridge.stats()["alloc_failures"] == 1
+    h = bridge.alloc_device(F32, 64)  # the next one works, and got the next id
+    assert (h.id, fake.live_allocations) == (0, 1)
+
+
+@pytest.mark.rejects("ALLOC-2")
+def test_alloc_beyond_device_capacity_fails() -> None:
+    bridge = Bridge(FakeBackend(capacity=100))
+    bridge.alloc_device(U8, 60)
+    with pytest.raises(DeviceAllocationError):
+        bridge.alloc_device(U8, 60)
+    assert bridge.stats()["live_allocations"] == 1
+
+
+@pytest.mark.holds("FREE-1", "FREE-2")
+def test_free_of_an_idle_allocation_frees_once_on_the_backend(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(F32, 64)
+    bridge.free_device(h)
+    assert fake.ops() == ["alloc", "free"] and fake.calls[1] == Call("free", 0)
+    assert bridge.state(h) == "freed" and fake.live_allocations == 0
+    assert bridge.stats()["backend_frees"] == 1 and bridge.stats()["live_allocations"] == 0
+
+
+@pytest.mark.holds("FREE-1")
+@pytest.mark.rejects("FREE-1")
+def test_free_while_a_copy_is_in_flight_is_deferred_to_its_completion(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 32)
+    ev = bridge.host_to_device(put(ring, b"x" * 8), DeviceRange(h, 0, 8), sync=False)
+    bridge.free_device(h)
+    assert bridge.state(h) == "free_pending"
+    assert "free" not in fake.ops()  # not while the copy uses it
+    assert bridge.stats()["deferred_frees"] == 1
+    fake.complete(ev)
+    assert fake.ops() == ["alloc", "copy_in", "free"]
+    assert bridge.state(h) == "freed" and ev.done() and ev.error is None
+
+
+@pytest.mark.holds("FREE-1")
+def test_deferred_free_waits_for_every_use(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 32)
+    c1 = bridge.host_to_device(put(ring, b"a" * 4), DeviceRange(h, 0, 4), sync=False)
+    c2 = bridge.device_to_host(DeviceRange(h, 8, 4), ring.reserve(4), sync=False)
+    comp = bridge.compute(h)
+    assert bridge.state(h) == "copying_computing"
+    bridge.free_device(h)
+    for ev in (c2, comp):
+        fake.complete(ev)
+        assert bridge.state(h) == "free_pending" and "free" not in fake.ops()
+    fake.complete(c1)
+    assert bridge.state(h) == "freed" and fake.ops().count("free") == 1
+
+
+@pytest.mark.rejects("FREE-2")
+def test_double_free_is_rejected_both_while_pending_and_after(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    ev = bridge.compute(h)
+    bridge.free_device(h)
+    before = snapshot(bridge, fake, ring, [h])
+    with pytest.raises(InvalidHandleError) as e:
+        bridge.free_device(h)
+    assert e.value.rule == "FREE-2" and snapshot(bridge, fake, ring, [h]) == before
+    fake.complete(ev)
+    with pytest.raises(InvalidHandleError, match=r"\[FREE-2\]"):
+        bridge.free_device(h)
+    assert fake.ops() == ["alloc", "compute", "free"]
+
+
+@pytest.mark.holds("USE-1")
+def test_an_idle_allocation_accepts_new_uses(bridge: Bridge, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 16)
+    bridge.host_to_device(put(ring, b"0123"), DeviceRange(h, 4, 4))
+    assert bridge.state(h) == "idle"
+    assert read_device(bridge, ring, h, 4, 4) == b"0123"
+
+
+@pytest.mark.rejects("USE-1")
+@pytest.mark.parametrize("pending", [False, True])
+def test_use_after_free_is_rejected(bridge: Bridge, fake: FakeBackend, ring: HostRing, pending: bool) -> None:
+    h = bridge.alloc_device(U8, 16)
+    if pending:
+        bridge.compute(h)
+    bridge.free_device(h)
+    src = put(ring, b"abcd")
+    before = snapshot(bridge, fake, ring, [h])
+    calls = [
+        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 4)),
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 4), src),
+        lambda: bridge.compute(h),
+        lambda: bridge.wrap_for_tinygrad(h, TensorViewSpec((16,), "uint8")),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidHandleError) as e:
+            call()
+        assert e.value.rule == "USE-1"
+    assert snapshot(bridge, fake, ring, [h]) == before
+
+
+@pytest.mark.holds("HANDLE-1")
+@pytest.mark.rejects("HANDLE-1")
+def test_foreign_and_forged_handles_are_rejected(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    other_fake = FakeBackend()
+    other = Bridge(other_fake)
+    mine, theirs = bridge.alloc_device(U8, 16), other.alloc_device(U8, 16)
+    assert bridge.state(mine) == "allocated" and other.state(theirs) == "allocated"
+    forged = DeviceHandle(5, 0, 16, U8, owner=mine.owner)
+    src = put(ring, b"ab")
+    before = snapshot(bridge, fake, ring, [mine])
+    for h in (theirs, forged, "not a handle"):
+        for call in (bridge.free_device, bridge.compute, bridge.state):
+            with pytest.raises(InvalidHandleError) as e:
+                call(h)  # type: ignore[operator]
+            assert e.value.rule == "HANDLE-1"
+    with pytest.raises(InvalidHandleError, match=r"\[HANDLE-1\]"):
+        bridge.host_to_device(src, DeviceRange(theirs, 0, 2))
+    assert snapshot(bridge, fake, ring, [mine]) == before
+    assert fake.ops() == ["alloc"] and other_fake.ops() == ["alloc"]

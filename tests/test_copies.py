@@ -1,0 +1,264 @@
+"""Host<->device copies: exact ranges, release and validity points, failures (H2D-*, D2H-*, COPY-F, RANGE-1)."""
+
+from __future__ import annotations
+
+import pytest
+from support import U8, put, read_device, snapshot
+
+from devbridge import (
+    Bridge,
+    DeviceCopyError,
+    DeviceRange,
+    HostRange,
+    HostRing,
+    OutputCopyError,
+    OutputNotReadyError,
+    RangeError,
+)
+from devbridge.backends.fake import GUARD, GUARD_BYTE, Call, FakeBackend, FakeViolation
+
+
+@pytest.mark.holds("H2D-1", "H2D-2")
+def test_sync_h2d_copies_exactly_the_range_and_releases_on_return(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 64)
+    pad = put(ring, b"P" * 5)  # a neighbouring reservation that must not move
+    src = put(ring, bytes(range(100, 120)))
+    ev = bridge.host_to_device(src.sub(4, 10), DeviceRange(h, 30, 10))
+    assert ev.done() and ev.error is None
+    assert fake.calls[-1] == Call("copy_in", 0, 30, 10, True, 0)
+    assert bytes(fake.buffer(0).data) == bytes(30) + bytes(range(104, 114)) + bytes(24)
+    # exactly the copied bytes are released: not the 4 before, not the 6 after, not the pad
+    assert ring.released(src.sub(4, 10)) and not ring.released(src.sub(0, 4)) and not ring.released(src.sub(14, 6))
+    assert not ring.released(pad) and ring.cursor == 0
+    assert read_device(bridge, ring, h, 30, 10) == bytes(range(104, 114))
+
+
+@pytest.mark.holds("H2D-3")
+def test_async_h2d_releases_only_at_completion_and_reads_host_bytes_then(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    src = put(ring, b"abcdefgh")
+    ev = bridge.host_to_device(src, DeviceRange(h, 8, 8), sync=False)
+    assert not ev.done() and not ring.released(src) and bridge.state(h) == "copying"
+    assert ring.cursor == 0
+    assert bytes(fake.buffer(0).data) == bytes(16)  # nothing moved yet
+    fake.complete(ev)
+    assert ev.done() and ring.released(src) and ring.cursor == src.end
+    assert bytes(fake.buffer(0).data) == bytes(8) + b"abcdefgh"
+    assert bridge.state(h) == "idle"
+
+
+@pytest.mark.rejects("H2D-3")
+def test_async_h2d_host_bytes_cannot_be_released_while_pending(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    src = put(ring, b"abcdefgh")
+    ev = bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False)
+    before = snapshot(bridge, fake, ring, [h])
+    with pytest.raises(RangeError) as e:
+        ring.release(src.sub(2, 2))
+    assert e.value.rule == "H2D-3" and snapshot(bridge, fake, ring, [h]) == before
+    fake.complete(ev)
+    assert ring.released(src)
+
+
+@pytest.mark.holds("H2D-3", "RING-1")
+def test_overlapping_async_inputs_release_shared_bytes_with_the_last(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 32)
+    src = put(ring, bytes(range(12)))
+    a = bridge.host_to_device(src.sub(0, 8), DeviceRange(h, 0, 8), sync=False)
+    b = bridge.host_to_device(src.sub(4, 8), DeviceRange(h, 16, 8), sync=False)
+    fake.complete(a)
+    assert ring.released(src.sub(0, 4)) and not ring.released(src.sub(4, 8))
+    assert ring.cursor == src.start + 4
+    fake.complete(b)
+    assert ring.released(src) and ring.cursor == src.end
+    assert bytes(fake.buffer(0).data) == bytes(range(8)) + bytes(8) + bytes(range(4, 12)) + bytes(8)
+
+
+@pytest.mark.holds("D2H-1", "D2H-2")
+def test_sync_d2h_writes_exactly_the_host_range(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 32)
+    bridge.host_to_device(put(ring, bytes(range(1, 33))), DeviceRange(h, 0, 32))
+    out = put(ring, b"\xee" * 12)
+    ev = bridge.device_to_host(DeviceRange(h, 10, 8), out.sub(2, 8))
+    assert ev.done() and fake.calls[-1] == Call("copy_out", 0, 10, 8, True, 1)
+    assert bytes(ring.view(out)) == b"\xee\xee" + bytes(range(11, 19)) + b"\xee\xee"
+    assert not ring.released(out)  # the worker releases output it consumed
+    ring.release(out)
+    assert ring.released(out) and ring.cursor == out.end
+
+
+@pytest.mark.holds("D2H-3")
+@pytest.mark.rejects("D2H-3")
+def test_async_d2h_is_readable_only_after_completion(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 8)
+    bridge.host_to_device(put(ring, b"ABCDEFGH"), DeviceRange(h, 0, 8))
+    out = ring.reserve(8)
+    ev = bridge.device_to_host(DeviceRange(h, 0, 8), out, sync=False)
+    for r in (out, out.sub(3, 1)):
+        with pytest.raises(OutputNotReadyError) as e:
+            ring.view(r)
+        assert e.value.rule == "D2H-3"
+    with pytest.raises(RangeError, match=r"\[RING-3\]"):
+        ring.release(out)  # the device still writes there
+    fake.complete(ev)
+    assert bytes(ring.view(out)) == b"ABCDEFGH"
+
+
+@pytest.mark.holds("COPY-F")
+@pytest.mark.rejects("COPY-F")
+def test_sync_h2d_failure_raises_and_keeps_host_bytes_for_a_retry(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"retry me")
+    fake.fail_next("copy_in")
+    with pytest.raises(DeviceCopyError) as e:
+        bridge.host_to_device(src, DeviceRange(h, 0, 8))
+    assert e.value.rule == "COPY-F" and not isinstance(e.value, OutputCopyError)
+    assert not ring.released(src) and bridge.state(h) == "allocated"
+    assert bridge.stats()["copy_failures"] == 1
+    bridge.host_to_device(src, DeviceRange(h, 0, 8))
+    assert ring.released(src) and read_device(bridge, ring, h, 0, 8) == b"retry me"
+
+
+@pytest.mark.holds("COPY-F")
+def test_async_h2d_failure_surfaces_from_the_event(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"12345678")
+    fake.fail_next("copy_in")
+    ev = bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False)
+    fake.complete(ev)  # the injected failure fires at completion
+    assert ev.done() and isinstance(ev.error, DeviceCopyError) and ev.error.rule == "COPY-F"
+    with pytest.raises(DeviceCopyError, match=r"\[COPY-F\]"):
+        ev.wait()
+    assert not ring.released(src) and bridge.state(h) == "idle"
+    assert bytes(fake.buffer(0).data) == bytes(8) and bridge.stats()["copy_failures"] == 1
+
+
+@pytest.mark.holds("COPY-F", "D2H-3")
+@pytest.mark.parametrize("sync", [True, False])
+def test_d2h_failure_is_an_output_copy_error_and_the_range_is_never_readable(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing, sync: bool
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    out = ring.reserve(8)
+    fake.fail_next("copy_out")
+    if sync:
+        with pytest.raises(OutputCopyError) as e:
+            bridge.device_to_host(DeviceRange(h, 0, 8), out)
+        error = e.value
+    else:
+        ev = bridge.device_to_host(DeviceRange(h, 0, 8), out, sync=False)
+        fake.fail(ev, "link down")
+        error = ev.error  # type: ignore[assignment]
+        assert isinstance(error, OutputCopyError) and "link down" in str(error)
+    assert isinstance(error, DeviceCopyError) and error.rule == "COPY-F"
+    with pytest.raises(OutputNotReadyError, match="failed output"):
+        ring.view(out)
+    bridge.device_to_host(DeviceRange(h, 0, 8), out)  # a retry makes it valid
+    assert bytes(ring.view(out)) == bytes(8)
+
+
+@pytest.mark.rejects("H2D-2", "RING-3")
+def test_released_host_bytes_cannot_be_copied_again(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"once....")
+    bridge.host_to_device(src, DeviceRange(h, 0, 8))
+    before = snapshot(bridge, fake, ring, [h])
+    with pytest.raises(RangeError) as e:
+        bridge.host_to_device(src, DeviceRange(h, 0, 8))
+    assert e.value.rule == "RING-3" and snapshot(bridge, fake, ring, [h]) == before
+
+
+@pytest.mark.rejects("D2H-2")
+def test_sync_d2h_that_fails_leaves_no_valid_bytes(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 4)
+    out = put(ring, b"old!")
+    fake.fail_next("copy_out")
+    with pytest.raises(OutputCopyError):
+        bridge.device_to_host(DeviceRange(h, 0, 4), out)
+    with pytest.raises(OutputNotReadyError):
+        ring.view(out)  # the stale "old!" is never presented as output
+
+
+@pytest.mark.rejects("RING-3")
+def test_pending_copies_guard_their_host_bytes(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 16)
+    src = put(ring, b"s" * 8)
+    out = ring.reserve(8)
+    bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False)
+    bridge.device_to_host(DeviceRange(h, 8, 8), out, sync=False)
+    before = snapshot(bridge, fake, ring, [h])
+    bad = [
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 4), src.sub(0, 4)),  # write into bytes being read
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 4), out.sub(4, 4)),  # two writers
+        lambda: bridge.host_to_device(out.sub(0, 4), DeviceRange(h, 0, 4)),  # read bytes being written
+    ]
+    for call in bad:
+        with pytest.raises(RangeError) as e:
+            call()
+        assert e.value.rule == "RING-3"
+    assert snapshot(bridge, fake, ring, [h]) == before
+    # a second reader of the same input bytes is fine
+    bridge.host_to_device(src, DeviceRange(h, 8, 8), sync=False)
+
+
+@pytest.mark.holds("RANGE-1")
+def test_ranges_at_the_very_edges_are_accepted(bridge: Bridge, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 16)
+    bridge.host_to_device(put(ring, b"Z"), DeviceRange(h, 15, 1))
+    bridge.host_to_device(put(ring, b"A"), DeviceRange(h, 0, 1))
+    assert read_device(bridge, ring, h, 0, 16) == b"A" + bytes(14) + b"Z"
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_bad_ranges_raise_range_error_before_any_backend_call(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    src = put(ring, b"x" * 8)
+    other_ring = HostRing(64)
+    foreign = other_ring.reserve(8)
+    before = snapshot(bridge, fake, ring, [h])
+    constructions = [
+        lambda: DeviceRange(h, 12, 8),  # past the extent
+        lambda: DeviceRange(h, -1, 4),  # negative offset
+        lambda: DeviceRange(h, 0, 0),  # empty
+        lambda: DeviceRange(h, 0, -3),  # negative size
+        lambda: HostRange(ring, -8, 8),
+        lambda: src.sub(4, 8),  # past the host range
+    ]
+    calls = [
+        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 4)),  # mismatched sizes
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 8), src.sub(0, 4)),
+        lambda: bridge.host_to_device(DeviceRange(h, 0, 8), src),  # type: ignore[arg-type]  # swapped
+        lambda: ring.release(foreign),  # another ring's range
+    ]
+    for call in constructions + calls:
+        with pytest.raises(RangeError) as e:
+            call()
+        assert e.value.rule == "RANGE-1"
+        assert isinstance(e.value, ValueError)
+    assert snapshot(bridge, fake, ring, [h]) == before
+
+
+def test_fake_catches_a_write_outside_the_buffer(fake: FakeBackend) -> None:
+    buf = fake.alloc(8, "uint8")
+    fake.buffer(buf).raw[GUARD + 8] = 0  # scribble on the guard, as an off-by-one write would
+    with pytest.raises(FakeViolation, match="outside buffer"):
+        fake.copy_in(buf, 0, memoryview(b"abcd"), sync=True)
+    fake.buffer(buf).raw[GUARD + 8] = GUARD_BYTE
+
+
+def test_fake_refuses_out_of_bounds_offsets(fake: FakeBackend) -> None:
+    buf = fake.alloc(8, "uint8")
+    with pytest.raises(FakeViolation, match=r"\[6, 10\) outside buffer #0"):
+        fake.copy_in(buf, 6, memoryview(b"abcd"), sync=True)
