@@ -97,7 +97,7 @@ class Bridge:
         (sync) or when the event completes (async); never after a failure."""
         with self._lock:
             self._drain_views()
-            self._check_copy(src, dst)
+            self._check_copy(src, dst, "H2D-1")
             src.ring.check_source(src)
             try:
                 token = self._backend.copy_in(self._memory(dst.handle), dst.offset, src.ring.raw(src), sync=sync)
@@ -115,7 +115,7 @@ class Bridge:
         when the event completes (async); a failed output range is never readable."""
         with self._lock:
             self._drain_views()
-            self._check_copy(dst, src)
+            self._check_copy(dst, src, "D2H-1")
             dst.ring.check_dest(dst)
             try:
                 token = self._backend.copy_out(dst.ring.raw(dst), self._memory(src.handle), src.offset, sync=sync)
@@ -244,12 +244,12 @@ class Bridge:
         assert record is not None, "checked by the core before any backend call"
         return record.memory
 
-    def _check_copy(self, host: HostRange, device: DeviceRange) -> None:
+    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> None:
         if not isinstance(host, HostRange) or not isinstance(device, DeviceRange):
             raise RangeError("RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {host!r}, {device!r}")
         key = self._own(device.handle)
         if host.nbytes != device.nbytes:
-            raise RangeError("RANGE-1", f"host range is {host.nbytes} B but device range is {device.nbytes} B")
+            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
         self._core.check([key], "copy_begin")
 
     def _submitted(self, event: CopyEvent, sync: bool) -> CopyEvent:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devbridge.errors import ERRORS, BridgeError, InvalidHandleError
+from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
 from devbridge.spec import Lifecycle, guard_values
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import build_machine, compile_table, default_table
@@ -146,7 +146,9 @@ class LifecycleCore:
 
     def end(self, use_id: int, ok: bool) -> Effects:
         """The backend is done with a use (successfully or not)."""
-        use = self._inflight.pop(use_id)
+        use = self._inflight.pop(use_id, None)
+        if use is None:
+            raise LifecycleError("EVENT-1", f"use #{use_id} is not in flight")
         event = USE_EVENTS[use.kind][1]
         release = tuple(r for a in use.allocations if (r := self._fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation

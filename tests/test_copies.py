@@ -237,8 +237,6 @@ def test_bad_ranges_raise_range_error_before_any_backend_call(
         lambda: src.sub(4, 8),  # past the host range
     ]
     calls = [
-        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 4)),  # mismatched sizes
-        lambda: bridge.device_to_host(DeviceRange(h, 0, 8), src.sub(0, 4)),
         lambda: bridge.host_to_device(DeviceRange(h, 0, 8), src),  # type: ignore[arg-type]  # swapped
         lambda: ring.release(foreign),  # another ring's range
     ]
@@ -262,3 +260,19 @@ def test_fake_refuses_out_of_bounds_offsets(fake: FakeBackend) -> None:
     buf = fake.alloc(8, "uint8")
     with pytest.raises(FakeViolation, match=r"\[6, 10\) outside buffer #0"):
         fake.copy_in(buf, 6, memoryview(b"abcd"), sync=True)
+
+
+@pytest.mark.rejects("H2D-1", "D2H-1")
+def test_copies_between_ranges_of_different_sizes_are_rejected(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    src, out = put(ring, b"x" * 8), put(ring, b"y" * 8)
+    before = snapshot(bridge, fake, ring, [h])
+    with pytest.raises(RangeError) as e:
+        bridge.host_to_device(src, DeviceRange(h, 0, 4))  # would drop 4 host bytes
+    assert e.value.rule == "H2D-1"
+    with pytest.raises(RangeError) as e:
+        bridge.device_to_host(DeviceRange(h, 0, 8), out.sub(0, 4))  # would spill past the host range
+    assert e.value.rule == "D2H-1"
+    assert snapshot(bridge, fake, ring, [h]) == before and bytes(ring.view(out)) == b"y" * 8

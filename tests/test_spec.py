@@ -75,9 +75,7 @@ def _both(d: dict[str, Any]) -> None:
 
 def _counter_break(d: dict[str, Any]) -> None:
     # copy_end out of copying always to idle, even when another copy is still in flight
-    d["transitions"] = [
-        t for t in d["transitions"] if not (t["source"] == ["copying"] and t["event"] == "copy_end")
-    ]
+    d["transitions"] = [t for t in d["transitions"] if not (t["source"] == ["copying"] and t["event"] == "copy_end")]
     d["transitions"].append({"source": "copying", "event": "copy_end", "dest": "idle"})
 
 

@@ -1,0 +1,41 @@
+"""The `devbridge` command line (also `python -m devbridge`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="devbridge", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    example = commands.add_parser("example", help="run the bridge round trip on the fake backend")
+    example.add_argument("--objects", type=int, default=16)
+    example.add_argument("--floats", type=int, default=1024, help="float32 values per object")
+    example.add_argument("--seed", type=int, default=0)
+    example.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+
+    from devbridge.example import run_example
+
+    report = run_example(args.objects, args.floats, args.seed)
+    if args.json:
+        print(json.dumps(asdict(report)))
+    else:
+        print(
+            f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
+            f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"
+            f"backend calls {report.backend_calls}\n"
+            f"at the end: live allocations {report.live_allocations}, "
+            f"unreleased host bytes {report.unreleased_host_bytes}\n"
+            f"{report.seconds:.2f} s"
+        )
+    clean = report.lost == report.live_allocations == report.unreleased_host_bytes == 0
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The sans-I/O core on its own: counts, effects, and the EVENT-1 invariant."""
+
+from __future__ import annotations
+
+import pytest
+
+from devbridge import LifecycleError
+from devbridge.statemachine import LifecycleCore
+
+
+@pytest.mark.holds("EVENT-1")
+def test_uses_are_counted_and_the_state_follows_the_counts() -> None:
+    core = LifecycleCore()
+    rec = core.add(16, spec=None, memory="m0")
+    key = (rec.id, rec.generation)
+    c1 = core.begin("copy_in", [key])
+    c2 = core.begin("copy_out", [key])
+    k1 = core.begin("compute", [key, key])  # a handle named twice counts once
+    assert (rec.state, rec.copies, rec.computes) == ("copying_computing", 2, 1)
+    assert core.end(c1.id, ok=True).release == ()
+    assert rec.state == "copying_computing"
+    assert core.free(*key) is None and rec.state == "free_pending"
+    core.end(c2.id, ok=False)
+    effects = core.end(k1.id, ok=True)
+    assert effects.release == (rec,) and rec.state == "freed" and core.allocation(rec.id) is None
+    assert core.state(*key) == "freed"
+
+
+@pytest.mark.rejects("EVENT-1")
+def test_a_completion_without_a_use_in_flight_is_a_lifecycle_error() -> None:
+    core = LifecycleCore()
+    rec = core.add(16, spec=None, memory="m0")
+    use = core.begin("copy_in", [(rec.id, 0)])
+    core.end(use.id, ok=True)
+    with pytest.raises(LifecycleError) as e:
+        core.end(use.id, ok=True)
+    assert e.value.rule == "EVENT-1"
+    with pytest.raises(LifecycleError, match=r"\[EVENT-1\] copy_end rejected: allocation #0 is idle"):
+        core._fire(rec.id, 0, "copy_end")
+    assert (rec.state, rec.copies) == ("idle", 0)
+
+
+def test_effects_say_what_to_do_with_host_bytes() -> None:
+    core = LifecycleCore()
+    rec = core.add(8, spec=None, memory="m")
+    ok = core.end(core.begin("copy_in", [(rec.id, 0)], host="R").id, ok=True)
+    failed = core.end(core.begin("copy_in", [(rec.id, 0)], host="R").id, ok=False)
+    stale_use = core.begin("copy_out", [(rec.id, 0)], host="O")
+    assert core.restart() == []  # busy: released later
+    aborted = core.end(stale_use.id, ok=True)
+    assert [(e.host_ok, e.error_rule) for e in (ok, failed, aborted)] == [
+        (True, None),
+        (False, "COPY-F"),
+        (False, "GEN-1"),
+    ]
+    assert aborted.release == (rec,) and core.state(rec.id, 0) == "stale"

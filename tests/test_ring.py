@@ -1,0 +1,97 @@
+"""The host ring: reservations, cursor, wrap-around, release (RING-*)."""
+
+from __future__ import annotations
+
+import pytest
+from support import put
+
+from devbridge import HostRange, HostRing, RangeError, RingFullError
+
+
+@pytest.mark.holds("RING-1")
+def test_cursor_is_monotone_and_stops_at_the_first_unreleased_byte() -> None:
+    ring = HostRing(100)
+    a, b, c = ring.reserve(10), ring.reserve(20), ring.reserve(30)
+    assert (a.start, b.start, c.start, ring.cursor) == (0, 10, 30, 0)
+    ring.release(b)
+    assert ring.cursor == 0  # a is still unreleased
+    ring.release(a)
+    assert ring.cursor == 30
+    ring.release(c.sub(0, 10))
+    assert ring.cursor == 40
+    ring.release(c.sub(10, 20))
+    assert ring.cursor == 60 == ring.head and ring.unreleased() == []
+
+
+@pytest.mark.rejects("RING-1")
+def test_releasing_unreserved_or_released_bytes_is_rejected() -> None:
+    ring = HostRing(64)
+    r = ring.reserve(16)
+    ring.release(r.sub(0, 8))
+    before = ring.snapshot()
+    for bad in (r, r.sub(4, 8), HostRange(ring, 20, 4)):
+        with pytest.raises(RangeError) as e:
+            ring.release(bad)
+        assert e.value.rule == "RING-1"
+    assert ring.snapshot() == before and ring.cursor == 8
+
+
+@pytest.mark.holds("RING-2")
+def test_reservations_wrap_to_the_next_lap_without_straddling() -> None:
+    ring = HostRing(100)
+    a = put(ring, b"a" * 70)
+    ring.release(a)
+    b = ring.reserve(40)  # 30 bytes left in this lap: skip to the next one
+    assert b.start == 100 and ring.view(b).nbytes == 40
+    ring.view(b)[:] = b"b" * 40
+    c = ring.reserve(60)
+    assert c.start == 140
+    with pytest.raises(RingFullError):
+        ring.reserve(1)
+    ring.release(b)
+    assert ring.reserve(40).start == 200  # lap boundary reached exactly, then the freed front
+
+
+@pytest.mark.rejects("RING-2")
+def test_a_full_ring_refuses_and_changes_nothing() -> None:
+    ring = HostRing(64)
+    a = put(ring, b"x" * 40)
+    before = ring.snapshot()
+    with pytest.raises(RingFullError) as e:
+        ring.reserve(25)
+    assert e.value.rule == "RING-2" and ring.snapshot() == before
+    ring.release(a)
+    assert ring.reserve(25).start == 64  # 24 left in the lap: wraps
+
+
+@pytest.mark.holds("RING-3")
+def test_view_gives_exactly_the_range_bytes() -> None:
+    ring = HostRing(32)
+    r = put(ring, b"0123456789")
+    assert bytes(ring.view(r.sub(3, 4))) == b"3456"
+    ring.view(r.sub(0, 2))[:] = b"ab"
+    assert bytes(ring.view(r)) == b"ab23456789"
+
+
+@pytest.mark.rejects("RING-3")
+def test_released_bytes_cannot_be_viewed() -> None:
+    ring = HostRing(32)
+    r = put(ring, b"01234567")
+    ring.release(r.sub(0, 4))
+    with pytest.raises(RangeError, match=r"\[RING-3\]"):
+        ring.view(r)
+
+
+@pytest.mark.rejects("RANGE-1")
+@pytest.mark.parametrize("size", [0, -1, 65, 1.5, True])
+def test_bad_reservation_sizes(size: object) -> None:
+    ring = HostRing(64)
+    with pytest.raises((RangeError, RingFullError)):
+        ring.reserve(size)  # type: ignore[arg-type]
+    assert ring.head == 0
+
+
+@pytest.mark.parametrize("capacity", [0, -5, 2.0])
+def test_bad_capacity(capacity: object) -> None:
+    with pytest.raises(RangeError, match=r"\[RANGE-1\]"):
+        HostRing(capacity)  # type: ignore[arg-type]

@@ -1,0 +1,145 @@
+"""Compute events and zero-copy tinygrad views (COMPUTE-F, VIEW-*)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from support import F32, U8, put, snapshot
+from tinygrad.tensor import Tensor
+
+from devbridge import (
+    Bridge,
+    ComputeError,
+    DeviceRange,
+    HostRing,
+    InvalidViewError,
+    ObjectSpec,
+    TensorViewSpec,
+)
+from devbridge.backends.fake import Call, FakeBackend
+
+
+def floats(*values: float) -> bytes:
+    return np.array(values, dtype=np.float32).tobytes()
+
+
+@pytest.mark.holds("VIEW-1")
+def test_view_shares_the_allocation_memory_at_its_offset(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(F32, 32)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 3), "float32", offset=8))
+    assert isinstance(view, Tensor) and view.shape == (2, 3) and view.dtype.itemsize == 4
+    assert fake.calls[-1] == Call("view", 0, 8, 24, shape=(2, 3), dtype="float32")
+    # bytes written through the bridge after wrapping are seen by the existing view
+    bridge.host_to_device(put(ring, floats(1, 2, 3, 4, 5, 6)), DeviceRange(h, 8, 24))
+    np.testing.assert_array_equal(view.numpy(), np.arange(1, 7, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal((view * 2).sum(axis=1).numpy(), np.array([12, 30], dtype=np.float32))
+
+
+@pytest.mark.holds("VIEW-2")
+def test_views_at_aligned_offsets_up_to_the_extent_are_accepted(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(F32, 32)
+    tail = bridge.wrap_for_tinygrad(h, TensorViewSpec((1,), "float32", offset=28))
+    whole = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 2, 2), "float32"))
+    assert (tail.shape, whole.shape) == ((1,), (2, 2, 2))
+    assert [(c.offset, c.nbytes) for c in fake.calls if c.op == "view"] == [(28, 4), (0, 32)]
+
+
+@pytest.mark.rejects("VIEW-2")
+def test_invalid_views_are_rejected_without_a_backend_call(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(F32, 32)
+    role = bridge.alloc_device(ObjectSpec("w", "float32", role="weights", view=TensorViewSpec((4,), "float32")), 16)
+    before = snapshot(bridge, fake, ring, [h, role])
+    bad_views = [
+        (h, TensorViewSpec((4,), "int32")),  # not the spec's dtype
+        (h, TensorViewSpec((9,), "float32")),  # past the extent
+        (h, TensorViewSpec((2,), "float32", offset=28)),  # straddles the end
+        (role, TensorViewSpec((2, 2), "float32")),  # not the role's view
+        (h, (8,)),  # not a TensorViewSpec
+    ]
+    for handle, view in bad_views:
+        with pytest.raises(InvalidViewError) as e:
+            bridge.wrap_for_tinygrad(handle, view)  # type: ignore[arg-type]
+        assert e.value.rule == "VIEW-2"
+    assert snapshot(bridge, fake, ring, [h, role]) == before
+
+
+@pytest.mark.rejects("VIEW-2")
+@pytest.mark.parametrize(
+    ("shape", "dtype", "offset"),
+    [((), "float32", 0), ((0, 2), "float32", 0), ((2,), "float31", 0), ((2,), "float32", 2), ((2,), "float32", -4),
+     ([2], "float32", 0), ((2.0,), "float32", 0)],
+)  # fmt: skip
+def test_view_spec_validates_itself(shape: object, dtype: str, offset: int) -> None:
+    with pytest.raises(InvalidViewError, match=r"\[VIEW-2\]"):
+        TensorViewSpec(shape, dtype, offset)  # type: ignore[arg-type]
+
+
+@pytest.mark.rejects("VIEW-1")
+def test_backend_view_failure_is_an_invalid_view_error(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 8)
+    fake.fail_next("view")
+    with pytest.raises(InvalidViewError) as e:
+        bridge.wrap_for_tinygrad(h, TensorViewSpec((8,), "uint8"))
+    assert e.value.rule == "VIEW-1" and bridge.state(h) == "allocated"
+
+
+@pytest.mark.holds("VIEW-3")
+@pytest.mark.rejects("VIEW-3")
+def test_a_live_view_pins_its_allocation_until_collected(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 8)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((8,), "uint8"))
+    assert bridge.state(h) == "computing"
+    bridge.free_device(h)
+    assert bridge.state(h) == "free_pending" and "free" not in fake.ops()
+    assert view.numpy().tolist() == [0] * 8  # still readable: the memory was not released
+    del view
+    gc.collect()
+    assert bridge.state(h) == "freed" and fake.ops()[-1] == "free"
+
+
+@pytest.mark.holds("VIEW-3")
+def test_two_views_both_pin(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 8)
+    a = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "uint8"))
+    b = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "uint8", offset=4))
+    bridge.free_device(h)
+    del a
+    gc.collect()
+    assert bridge.state(h) == "free_pending"
+    del b
+    gc.collect()
+    assert bridge.poll() == 1 and bridge.state(h) == "freed"  # poll processed the collected view
+
+
+@pytest.mark.holds("COMPUTE-F")
+def test_compute_event_holds_handles_until_complete(bridge: Bridge, fake: FakeBackend) -> None:
+    a, b = bridge.alloc_device(U8, 8), bridge.alloc_device(U8, 8)
+    ev = bridge.compute(a, b, a)
+    assert fake.calls[-1] == Call("compute", event=0, buffers=(0, 1))
+    assert [bridge.state(a), bridge.state(b)] == ["computing", "computing"] and not ev.done()
+    fake.complete(ev)
+    assert ev.done() and ev.error is None and [bridge.state(a), bridge.state(b)] == ["idle", "idle"]
+    ev.wait()
+
+
+@pytest.mark.holds("COMPUTE-F")
+def test_compute_context_stays_open_for_its_block(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 8)
+    with bridge.compute(h) as ev:
+        fake.complete(ev)  # the marker completes while the block still enqueues work
+        assert not ev.done() and bridge.state(h) == "computing"
+    assert ev.done() and bridge.state(h) == "idle"
+
+
+@pytest.mark.rejects("COMPUTE-F")
+def test_compute_failure_surfaces_and_ends_the_use(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 8)
+    fake.fail_next("compute")
+    ev = bridge.compute(h)
+    fake.complete(ev)
+    assert isinstance(ev.error, ComputeError) and ev.error.rule == "COMPUTE-F"
+    with pytest.raises(ComputeError, match=r"\[COMPUTE-F\]"):
+        ev.wait()
+    assert bridge.state(h) == "idle" and bridge.stats()["compute_failures"] == 1
