@@ -92,6 +92,12 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Invariant:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Lifecycle:
     initial: str
     states: Mapping[str, State]
@@ -100,6 +106,7 @@ class Lifecycle:
     transitions: tuple[Transition, ...]
     rejections: tuple[Rejection, ...]
     rules: Mapping[str, Rule]
+    invariants: Mapping[str, Invariant]
 
     def outcomes(self, state: str, event: str) -> tuple[Outcome, ...]:
         """The candidates for (state, event) in the order they are tried: rejections first."""
@@ -176,7 +183,8 @@ def parse(data: Mapping[str, Any]) -> Lifecycle:
             if r["id"] in rules:
                 raise SpecError(f"rule {r['id']} is defined twice")
             rules[r["id"]] = Rule(r["id"], r["text"], r.get("error"), r["seed"])
-        lifecycle = Lifecycle(data["initial"], states, events, guards, transitions, rejections, rules)
+        invariants = {i["id"]: Invariant(i["id"], i["text"]) for i in data["invariants"]}
+        lifecycle = Lifecycle(data["initial"], states, events, guards, transitions, rejections, rules, invariants)
     except KeyError as missing:
         raise SpecError(f"spec entry lacks the key {missing}") from None
     validate(lifecycle)

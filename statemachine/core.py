@@ -108,6 +108,10 @@ class LifecycleCore:
     def inflight(self) -> Iterable[InFlight]:
         return self._inflight.values()
 
+    def dependents(self, alloc_id: int) -> list[InFlight]:
+        """The uses in flight that the allocation's memory must outlive."""
+        return [u for u in self._inflight.values() if alloc_id in u.allocations]
+
     def use(self, use_id: int) -> InFlight | None:
         return self._inflight.get(use_id)
 

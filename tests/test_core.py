@@ -17,6 +17,7 @@ def test_uses_are_counted_and_the_state_follows_the_counts() -> None:
     c2 = core.begin("copy_out", [key])
     k1 = core.begin("compute", [key, key])  # a handle named twice counts once
     assert (rec.state, rec.copies, rec.computes) == ("copying_computing", 2, 1)
+    assert core.dependents(rec.id) == [c1, c2, k1]
     assert core.end(c1.id, ok=True).release == ()
     assert rec.state == "copying_computing"
     assert core.free(*key) is None and rec.state == "free_pending"

@@ -27,6 +27,7 @@ def test_packaged_spec_has_the_issue_states_and_every_pair_decided() -> None:
     assert {s for s, st in lc.states.items() if st.terminal} == {"freed", "stale"}
     for state, event in lc.pairs():
         assert lc.outcomes(state, event), (state, event)
+    assert {"INV-NO-FREE-IN-USE", "INV-FREE-ONCE", "INV-CURSOR"} <= set(lc.invariants)
 
 
 def test_every_rule_names_a_real_error_class_and_a_seed_clause() -> None:

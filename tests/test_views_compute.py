@@ -143,3 +143,11 @@ def test_compute_failure_surfaces_and_ends_the_use(bridge: Bridge, fake: FakeBac
     with pytest.raises(ComputeError, match=r"\[COMPUTE-F\]"):
         ev.wait()
     assert bridge.state(h) == "idle" and bridge.stats()["compute_failures"] == 1
+
+
+def test_wait_times_out_on_an_event_nobody_completes(bridge: Bridge, fake: FakeBackend) -> None:
+    ev = bridge.compute(bridge.alloc_device(U8, 8))
+    with pytest.raises(TimeoutError):
+        ev.wait(timeout=0.05)
+    fake.complete(ev)
+    ev.wait(timeout=0)
