@@ -57,6 +57,9 @@ class Backend(Protocol):
     def compute(self, buffers: Sequence[object]) -> object:
         """A completion marker for compute work on `buffers`; returns an event token."""
 
+    def extend(self, token: object) -> None:
+        """A compute marker now covers all work queued so far (a `with compute()` block exited)."""
+
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         """A zero-copy tinygrad Tensor over the buffer's bytes at `offset`."""
 

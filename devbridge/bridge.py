@@ -268,6 +268,13 @@ class Bridge:
     def _ready(self, event: Event) -> bool:
         return not (isinstance(event, ComputeEvent) and event.open)
 
+    def _closed(self, event: ComputeEvent) -> None:
+        """A `with compute(...)` block exited: the marker must cover the work it queued."""
+        with self._lock:
+            if event.use_id in self._pending:
+                self._backend.extend(event.backend_token)
+            self._refresh(event)
+
     def _refresh(self, event: Event) -> None:
         with self._lock:
             if event.use_id in self._pending and self._ready(event):

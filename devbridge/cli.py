@@ -12,7 +12,9 @@ from dataclasses import asdict
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="devbridge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    example = commands.add_parser("example", help="run the bridge round trip on the fake backend")
+    example = commands.add_parser("example", help="run the bridge round trip (fake backend by default)")
+    example.add_argument("--backend", choices=("fake", "tinygrad"), default="fake")
+    example.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default)")
     example.add_argument("--objects", type=int, default=16)
     example.add_argument("--floats", type=int, default=1024, help="float32 values per object")
     example.add_argument("--seed", type=int, default=0)
@@ -21,14 +23,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from devbridge.example import run_example
 
-    report = run_example(args.objects, args.floats, args.seed)
+    report = run_example(args.objects, args.floats, args.seed, args.backend, args.device)
     if args.json:
         print(json.dumps(asdict(report)))
     else:
         print(
             f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
             f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"
-            f"backend calls {report.backend_calls}\n"
+            f"calls {report.calls}\n"
             f"at the end: live allocations {report.live_allocations}, "
             f"unreleased host bytes {report.unreleased_host_bytes}\n"
             f"{report.seconds:.2f} s"

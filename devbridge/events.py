@@ -93,11 +93,13 @@ class ComputeEvent(Event):
         tb: TracebackType | None,
     ) -> None:
         self.open = False
-        self._bridge._refresh(self)
+        self._bridge._closed(self)
 
     def wait(self, timeout: float | None = None) -> None:
         """Waiting declares the compute work submitted: an open event is closed first."""
-        self.open = False
+        if self.open:
+            self.open = False
+            self._bridge._closed(self)
         super().wait(timeout)
 
     def __repr__(self) -> str:

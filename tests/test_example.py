@@ -10,12 +10,15 @@ from devbridge.cli import main
 from devbridge.example import run_example
 
 
-def test_example_round_trip_verifies_every_object_and_leaves_nothing_behind() -> None:
-    report = run_example(objects=3, floats=64)
+@pytest.mark.parametrize("backend", ["fake", "tinygrad"])
+def test_example_round_trip_verifies_every_object_and_leaves_nothing_behind(backend: str) -> None:
+    report = run_example(objects=3, floats=64, backend=backend)
     assert (report.objects, report.verified, report.lost) == (3, 3, 0)
     assert (report.bytes_in, report.bytes_out) == (3 * 256, 3 * 256)
     assert report.deferred_frees == 3  # y is freed while its download is in flight
-    assert report.backend_calls == {"alloc": 6, "copy_in": 3, "compute": 3, "view": 6, "copy_out": 3, "free": 6}
+    assert report.calls == {
+        "allocs": 6, "backend_frees": 6, "copies_in": 3, "copies_out": 3, "computes": 3, "views": 6,
+    }  # fmt: skip
     assert report.live_allocations == report.unreleased_host_bytes == 0
 
 

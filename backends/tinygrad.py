@@ -1,0 +1,221 @@
+"""TinygradBackend: real device memory through tinygrad (CPU here; CUDA, NV, AMD, METAL where present).
+
+Memory is a tinygrad `Buffer` per allocation; views are Tensors over that
+Buffer's own memory (`Tensor(UOp.from_buffer(buf.view(...)))`), never copies.
+
+Completion events:
+* synchronous copies are done on return;
+* on devices whose memory is host memory (CPU), asynchronous copies run on a
+  copy thread with `ctypes.memmove` (which drops the GIL), so they overlap
+  compute; an input copy reads the host bytes when it runs, and the Bridge
+  releases them only when the thread has finished; an output copy first
+  waits for the compute queued before it;
+* elsewhere copies are enqueued on the device and complete when its timeline
+  signal passes the value taken after them (NV/AMD), or after a
+  `synchronize()` (CUDA, METAL, ...);
+* a compute marker completes when the device has finished the work queued
+  before it (the marker is taken again when a `with bridge.compute(...)`
+  block exits).
+
+Release and tinygrad's LRU cache: `free` means the bridge gives up its
+ownership. The Buffer is parked until the device has finished the work
+queued before the free, then dropped; tinygrad returns the memory to its LRU
+cache only once no tinygrad object (a view, a lazy graph built on one)
+refers to it any more. So a reused address is never visible through an old
+view, and old handles never reach the backend (the Bridge rejects them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devbridge.backends import tinygrad_compat as tg
+from devbridge.backends.base import OK, PENDING, BackendError, Status
+
+Probe = Callable[[], bool]
+
+
+@dataclass(eq=False)
+class TinygradToken:
+    """One event: a copy-thread future, or a probe on the device's queue."""
+
+    op: str
+    future: Future[None] | None = None
+    probe: Probe | None = None
+    error: str | None = None
+    listeners: list[Callable[[object], None]] = field(default_factory=list)
+
+    def status(self) -> Status:
+        if self.error is not None:
+            return Status(True, self.error)
+        if self.future is not None:
+            if not self.future.done():
+                return PENDING
+            exc = self.future.exception()
+            return OK if exc is None else Status(True, f"{type(exc).__name__}: {exc}")
+        assert self.probe is not None
+        return OK if self.probe() else PENDING
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+class TinygradBackend:
+    name = "tinygrad"
+
+    def __init__(self, device: str | None = None) -> None:
+        self.device = tg.canonical_device(device or tg.default_device())
+        self.generation = 0
+        self._lock = threading.RLock()
+        self._copies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-copy")
+        self._listeners: list[Callable[[object], None]] = []
+        self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
+        self._gate = threading.Event()
+        self._gate.set()
+
+    # ------------------------------------------------------------ Backend protocol
+
+    def begin_generation(self, generation: int) -> None:
+        self.generation = generation
+
+    def alloc(self, nbytes: int, dtype: str) -> object:
+        self._reap()
+        try:
+            return tg.allocate(self.device, nbytes)
+        except Exception as e:  # tinygrad raises RuntimeError, MemoryError or OSError here
+            raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
+
+    def free(self, buffer: object) -> None:
+        with self._lock:
+            self._parked.append((tg.marker(self.device), self._buffer(buffer)))
+        self._reap()
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        buf = self._buffer(buffer)
+        memory = None if sync else tg.host_bytes(buf)
+        if memory is not None:
+            dst = memory[offset : offset + len(src)]
+            return self._on_copy_thread("copy_in", lambda: self._move(dst, src))
+        try:
+            tg.copy_in(buf, offset, src)
+        except Exception as e:
+            raise BackendError(f"{self.device}: copy_in failed: {e}") from e
+        # the device queue holds the copy until its timeline passes the value taken now
+        return _done("copy_in") if sync else TinygradToken("copy_in", probe=tg.marker(self.device))
+
+    def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        buf = self._buffer(buffer)
+        memory = None if sync else tg.host_bytes(buf)
+        if memory is not None:
+            src, queued = memory[offset : offset + len(dst)], tg.marker(self.device)
+
+            def move() -> None:
+                while not queued():  # compute queued before this copy writes what it reads
+                    time.sleep(0)
+                self._move(dst, src)
+
+            return self._on_copy_thread("copy_out", move)
+        try:
+            tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
+        except Exception as e:
+            raise BackendError(f"{self.device}: copy_out failed: {e}") from e
+        return _done("copy_out")
+
+    def compute(self, buffers: Sequence[object]) -> object:
+        return TinygradToken("compute", probe=tg.marker(self.device))
+
+    def extend(self, token: object) -> None:
+        """The compute work behind `token` now includes everything queued so far."""
+        assert isinstance(token, TinygradToken)
+        token.probe = tg.marker(self.device)
+
+    def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+        try:
+            return tg.tensor_view(self._buffer(buffer), offset, shape, dtype)
+        except Exception as e:
+            raise BackendError(f"{self.device}: cannot view {shape} {dtype} at {offset}: {e}") from e
+
+    def query(self, token: object) -> Status:
+        assert isinstance(token, TinygradToken)
+        return token.status()
+
+    def wait(self, token: object, timeout: float | None) -> bool:
+        assert isinstance(token, TinygradToken)
+        if token.future is not None:
+            with contextlib.suppress(Exception):
+                token.future.exception(timeout=timeout)
+            return token.future.done()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not token.status().done:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0001)
+        return True
+
+    def subscribe(self, callback: Callable[[object], None]) -> bool:
+        with self._lock:
+            self._listeners.append(callback)
+        return True
+
+    # ------------------------------------------------------------ extras
+
+    @contextlib.contextmanager
+    def hold_copies(self) -> Iterator[None]:
+        """Keep the copy thread from starting any copy until the block exits (tests, diagnostics)."""
+        self._gate.clear()
+        try:
+            yield
+        finally:
+            self._gate.set()
+
+    def synchronize(self) -> None:
+        """Wait for every copy and all device work; drop parked buffers."""
+        self._copies.submit(lambda: None).result()
+        tg.synchronize(self.device)
+        self._reap()
+
+    @property
+    def parked(self) -> int:
+        """Freed buffers still waiting for the device to finish with them."""
+        return len(self._parked)
+
+    # ------------------------------------------------------------ mechanics
+
+    @staticmethod
+    def _buffer(buffer: object) -> tg.Buffer:
+        assert isinstance(buffer, tg.Buffer), buffer
+        return buffer
+
+    def _move(self, dst: memoryview, src: memoryview) -> None:
+        self._gate.wait()
+        ctypes.memmove(_address(dst), _address(src), len(src))  # releases the GIL
+
+    def _on_copy_thread(self, op: str, work: Callable[[], None]) -> TinygradToken:
+        token = TinygradToken(op, future=self._copies.submit(work))
+        assert token.future is not None
+        token.future.add_done_callback(lambda _: self._notify(token))
+        return token
+
+    def _notify(self, token: TinygradToken) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(token)
+
+    def _reap(self) -> None:
+        with self._lock:
+            self._parked = [(probe, buf) for probe, buf in self._parked if not probe()]
+
+
+def _done(op: str) -> TinygradToken:
+    return TinygradToken(op, probe=lambda: True)

@@ -1,0 +1,110 @@
+"""Every use of tinygrad internals, in one place (tinygrad 0.14.x).
+
+0.14 removed `Buffer.copyin/copyout`; the allocator's `_copyin`/`_copyout`
+remain, and zero-copy host access to CPU memory is `_as_buffer`. Completion
+markers read the device's timeline signal where it has one (HCQ2 devices such
+as CPU, HCQ devices such as NV/AMD) and fall back to `synchronize()`.
+A tinygrad upgrade should touch this file and its test only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from tinygrad.device import Buffer, BufferSpec, Device
+from tinygrad.dtype import DType, dtypes
+from tinygrad.tensor import Tensor
+from tinygrad.uop.ops import UOp
+
+
+def default_device() -> str:
+    return str(Device.DEFAULT)
+
+
+def canonical_device(device: str) -> str:
+    return str(Device.canonicalize(device))
+
+
+def dtype_of(name: str) -> DType:
+    dtype = getattr(dtypes, name)
+    assert isinstance(dtype, DType)
+    return dtype
+
+
+def allocate(device: str, nbytes: int) -> Buffer:
+    """`nbytes` bytes of device memory as a uint8 Buffer (tinygrad's LRU cache applies on release)."""
+    return Buffer(device, nbytes, dtypes.uint8).allocate()
+
+
+def copy_in(buffer: Buffer, offset: int, src: memoryview) -> None:
+    """Host -> device, synchronous (the allocator waits for queued work first)."""
+    sub = buffer.view(len(src), dtypes.uint8, offset).ensure_allocated()
+    buffer.allocator._copyin(sub._buf, src)
+
+
+def copy_out(dst: memoryview, buffer: Buffer, offset: int) -> None:
+    """Device -> host, synchronous (the allocator waits for queued work first)."""
+    sub = buffer.view(len(dst), dtypes.uint8, offset).ensure_allocated()
+    buffer.allocator._copyout(dst, sub._buf)
+
+
+def host_bytes(buffer: Buffer) -> memoryview | None:
+    """The device memory itself as a writable byte view, where the device is host memory (CPU)."""
+    allocator = buffer.allocator
+    if not hasattr(allocator, "_as_buffer") or not str(buffer.device).startswith("CPU"):
+        return None
+    view = allocator._as_buffer(buffer._buf)
+    assert isinstance(view, memoryview)
+    return view.cast("B") if view.format != "B" else view
+
+
+def tensor_view(buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: str) -> Tensor:
+    """A Tensor over the buffer's own memory at `offset` (zero-copy on every device)."""
+    dt = dtype_of(dtype)
+    sub = buffer.view(math.prod(shape), dt, offset).ensure_allocated()
+    return Tensor(UOp.from_buffer(sub)).reshape(shape)
+
+
+def marker(device: str) -> Callable[[], bool]:
+    """A probe that is true once all work queued on `device` so far has finished."""
+    dev: Any = Device[device]
+    if hasattr(dev, "timeline_signal") and hasattr(dev, "timeline_value"):  # HCQ: NV, AMD, QCOM
+        signal, target = dev.timeline_signal, dev.timeline_value - 1
+        return lambda: bool(signal.value >= target)
+    if hasattr(dev, "signal") and hasattr(dev, "_wait_signal"):  # HCQ2: CPU
+        sig = dev.signal("timeline")._buf.cpu_view().view(fmt="Q")
+        target = dev.signal("value", 1, device="CPU")._buf.cpu_view().view(fmt="Q")[0] - 1
+        return lambda: bool(sig[0] >= target)
+    synced = False
+
+    def synchronize() -> bool:  # CUDA, METAL, ...: no cheap query; synchronize once
+        nonlocal synced
+        if not synced:
+            dev.synchronize()
+            synced = True
+        return True
+
+    return synchronize
+
+
+def synchronize(device: str) -> None:
+    dev: Any = Device[device]
+    dev.synchronize()
+
+
+__all__ = [
+    "Buffer",
+    "BufferSpec",
+    "allocate",
+    "canonical_device",
+    "copy_in",
+    "copy_out",
+    "default_device",
+    "dtype_of",
+    "host_bytes",
+    "marker",
+    "synchronize",
+    "tensor_view",
+]

@@ -1,0 +1,64 @@
+"""One interface over every backend, for the conformance suite.
+
+Each backend is wrapped in FaultyBackend, which records call ops and injects
+failures the same way for all of them. `settle(ev)` lets the backend finish an
+event (the fake completes it; a real device is waited on); `hold()` keeps
+asynchronous copies from completing for the duration of a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from devbridge import Bridge, BridgeError, Event, HostRing
+from devbridge.backends.fake import FakeBackend
+from devbridge.backends.faulty import FaultyBackend
+from devbridge.backends.tinygrad import TinygradBackend
+
+
+@dataclass
+class Harness:
+    name: str
+    backend: FaultyBackend
+    bridge: Bridge
+    ring: HostRing
+    settle: Callable[[Event], None]
+    hold: Callable[[], contextlib.AbstractContextManager[None]]
+
+    def backend_ops(self, *ops: str) -> list[str]:
+        """The recorded backend ops, keeping only `ops`."""
+        return [op for op in self.backend.ops if op in ops]
+
+
+def _fake() -> Harness:
+    fake = FakeBackend()
+    backend = FaultyBackend(fake)
+
+    def settle(ev: Event) -> None:
+        if fake.query(ev.backend_token).done is False:
+            fake.complete(ev)
+        ev.done()
+
+    return Harness("fake", backend, Bridge(backend), HostRing(1 << 16), settle, contextlib.nullcontext)
+
+
+def _tinygrad(device: str) -> Callable[[], Harness]:
+    def make() -> Harness:
+        real = TinygradBackend(device)
+        backend = FaultyBackend(real)
+
+        def settle(ev: Event) -> None:
+            with contextlib.suppress(BridgeError):
+                ev.wait(timeout=30)
+
+        return Harness(f"tinygrad-{device}", backend, Bridge(backend), HostRing(1 << 16), settle, real.hold_copies)
+
+    return make
+
+
+# fake and tinygrad's CPU device always; more devices (CUDA, NV, ...) from the environment
+DEVICES = ["CPU", *[d for d in os.environ.get("DEVBRIDGE_TEST_DEVICES", "").split(",") if d]]
+HARNESSES: dict[str, Callable[[], Harness]] = {"fake": _fake} | {f"tinygrad-{d}": _tinygrad(d) for d in DEVICES}

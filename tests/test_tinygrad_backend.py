@@ -1,0 +1,112 @@
+"""The tinygrad backend on real memory (tinygrad's CPU device) and its compatibility module."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
+from devbridge.backends import tinygrad_compat as tg
+from devbridge.backends.tinygrad import TinygradBackend
+
+F32 = ObjectSpec("x", "float32")
+
+
+def test_compat_copies_are_exact_at_any_offset() -> None:
+    buf = tg.allocate("CPU", 32)
+    tg.copy_in(buf, 0, memoryview(bytearray(b"\x11" * 32)))
+    tg.copy_in(buf, 5, memoryview(bytearray(b"abc")))
+    out = memoryview(bytearray(b"\xff" * 6))
+    tg.copy_out(out[1:5], buf, 4)
+    assert bytes(out) == b"\xff\x11abc\xff"
+    whole = memoryview(bytearray(32))
+    tg.copy_out(whole, buf, 0)
+    assert bytes(whole) == b"\x11" * 5 + b"abc" + b"\x11" * 24
+
+
+def test_compat_tensor_view_is_zero_copy_and_host_bytes_alias_it() -> None:
+    buf = tg.allocate("CPU", 16)
+    view = tg.tensor_view(buf, 8, (2,), "float32")
+    mem = tg.host_bytes(buf)
+    assert mem is not None and len(mem) == 16
+    mem[8:16] = np.array([1.5, -2.0], dtype=np.float32).tobytes()
+    np.testing.assert_array_equal(view.numpy(), [1.5, -2.0])
+    (view * 0 + 7).realize()  # compute on the view does not write back unless assigned
+    view.assign(view * 2).realize()
+    assert np.frombuffer(bytes(mem[8:16]), dtype=np.float32).tolist() == [3.0, -4.0]
+
+
+def test_compat_marker_is_done_after_synchronize() -> None:
+    probe = tg.marker("CPU")
+    tg.synchronize("CPU")
+    assert probe()
+    assert tg.canonical_device("cpu") == "CPU" and tg.dtype_of("float16").itemsize == 2
+
+
+def test_async_copy_overlaps_compute_and_releases_only_at_completion() -> None:
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(1 << 20)
+    a, b = bridge.alloc_device(F32, 1 << 18), bridge.alloc_device(F32, 64 * 64 * 4)
+    src = ring.reserve(1 << 18)
+    ring.view(src)[:] = np.arange(1 << 16, dtype=np.float32).tobytes()
+    bv = bridge.wrap_for_tinygrad(b, TensorViewSpec((64, 64), "float32"))
+    with backend.hold_copies():  # the copy thread is held at the start of the copy
+        ev = bridge.host_to_device(src, DeviceRange(a, 0, 1 << 18), sync=False)
+        # the call returned, the copy has not run: other work proceeds meanwhile
+        with bridge.compute(b):
+            bv.assign(bv + 1).realize()
+        assert not ev.done() and not ring.released(src) and bridge.state(a) == "copying"
+        np.testing.assert_array_equal(bv.numpy(), np.ones((64, 64), dtype=np.float32))
+    ev.wait(timeout=30)
+    assert ring.released(src) and ring.cursor == src.end
+    out = ring.reserve(1 << 18)
+    bridge.device_to_host(DeviceRange(a, 0, 1 << 18), out)
+    np.testing.assert_array_equal(np.frombuffer(ring.view(out), dtype=np.float32), np.arange(1 << 16))
+
+
+def test_copy_thread_completions_reach_the_bridge_from_another_thread() -> None:
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(1 << 16)
+    x = bridge.alloc_device(ObjectSpec("b", "uint8"), 4096)
+    events = []
+    for i in range(16):
+        src = ring.reserve(256)
+        ring.view(src)[:] = bytes([i]) * 256
+        events.append((bridge.host_to_device(src, DeviceRange(x, 256 * i, 256), sync=False), src))
+    for ev, src in events:
+        ev.wait(timeout=30)
+        assert ring.released(src)
+    assert threading.active_count() >= 2 and bridge.stats()["pending_events"] == 0
+    out = ring.reserve(4096)
+    bridge.device_to_host(DeviceRange(x, 0, 4096), out)
+    assert bytes(ring.view(out)) == b"".join(bytes([i]) * 256 for i in range(16))
+
+
+def test_free_parks_the_buffer_until_the_device_is_done_and_views_keep_memory_alive() -> None:
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(64)
+    x = bridge.alloc_device(F32, 16)
+    src = ring.reserve(16)
+    ring.view(src)[:] = np.array([1, 2, 3, 4], dtype=np.float32).tobytes()
+    bridge.host_to_device(src, DeviceRange(x, 0, 16))  # device memory is not zeroed: write it
+    view = bridge.wrap_for_tinygrad(x, TensorViewSpec((4,), "float32"))
+    lazy = view + 1  # a lazy graph that still refers to the memory
+    del view
+    gc.collect()
+    bridge.poll()
+    bridge.free_device(x)
+    assert bridge.state(x) == "freed"
+    backend.synchronize()
+    assert backend.parked == 0
+    np.testing.assert_array_equal(lazy.numpy(), [2, 3, 4, 5])  # the memory is still the allocation's
+
+
+def test_allocation_failure_maps_to_backend_error() -> None:
+    from devbridge import DeviceAllocationError
+
+    bridge = Bridge(TinygradBackend("CPU"))
+    with pytest.raises(DeviceAllocationError, match=r"\[ALLOC-2\]"):
+        bridge.alloc_device(ObjectSpec("huge", "uint8"), 1 << 62)
