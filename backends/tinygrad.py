@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,12 +51,11 @@ class TinygradToken:
     op: str
     future: Future[None] | None = None
     probe: Probe | None = None
-    error: str | None = None
-    listeners: list[Callable[[object], None]] = field(default_factory=list)
+    gate: threading.Event | None = None  # while cleared, the event reports pending (hold_copies)
 
     def status(self) -> Status:
-        if self.error is not None:
-            return Status(True, self.error)
+        if self.gate is not None and not self.gate.is_set():
+            return PENDING
         if self.future is not None:
             if not self.future.done():
                 return PENDING
@@ -111,7 +110,7 @@ class TinygradBackend:
         except Exception as e:
             raise BackendError(f"{self.device}: copy_in failed: {e}") from e
         # the device queue holds the copy until its timeline passes the value taken now
-        return _done("copy_in") if sync else TinygradToken("copy_in", probe=tg.marker(self.device))
+        return _done("copy_in") if sync else TinygradToken("copy_in", probe=tg.marker(self.device), gate=self._gate)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
         buf = self._buffer(buffer)
@@ -129,7 +128,7 @@ class TinygradBackend:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
         except Exception as e:
             raise BackendError(f"{self.device}: copy_out failed: {e}") from e
-        return _done("copy_out")
+        return _done("copy_out") if sync else TinygradToken("copy_out", probe=lambda: True, gate=self._gate)
 
     def compute(self, buffers: Sequence[object]) -> object:
         return TinygradToken("compute", probe=tg.marker(self.device))
@@ -154,7 +153,7 @@ class TinygradBackend:
         if token.future is not None:
             with contextlib.suppress(Exception):
                 token.future.exception(timeout=timeout)
-            return token.future.done()
+            return token.status().done
         deadline = None if timeout is None else time.monotonic() + timeout
         while not token.status().done:
             if deadline is not None and time.monotonic() >= deadline:
@@ -171,7 +170,8 @@ class TinygradBackend:
 
     @contextlib.contextmanager
     def hold_copies(self) -> Iterator[None]:
-        """Keep the copy thread from starting any copy until the block exits (tests, diagnostics)."""
+        """Until the block exits, the copy thread starts no copy and no asynchronous copy
+        reports completion (tests and diagnostics: it makes release points observable)."""
         self._gate.clear()
         try:
             yield
@@ -201,7 +201,7 @@ class TinygradBackend:
         ctypes.memmove(_address(dst), _address(src), len(src))  # releases the GIL
 
     def _on_copy_thread(self, op: str, work: Callable[[], None]) -> TinygradToken:
-        token = TinygradToken(op, future=self._copies.submit(work))
+        token = TinygradToken(op, future=self._copies.submit(work), gate=self._gate)
         assert token.future is not None
         token.future.add_done_callback(lambda _: self._notify(token))
         return token
