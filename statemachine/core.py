@@ -10,14 +10,14 @@ Bridge serialises calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
 from devbridge.spec import Lifecycle, guard_values
 from devbridge.spec import load as load_spec
-from devbridge.statemachine.machine import build_machine, compile_table, default_table
+from devbridge.statemachine.machine import Step, Table, build_machine, compile_table, default_table
 
 #: Kinds of use in flight, and the spec event that begins and ends each.
 USE_EVENTS: Mapping[str, tuple[str, str]] = {
@@ -84,12 +84,18 @@ class LifecycleCore:
         self._inflight: dict[int, InFlight] = {}
         self._next_allocation = 0
         self._next_use = 0
+        #: Called with (state, event, step) for every decision; coverage tools set it.
+        self.observer: Callable[[str, str, Step], None] | None = None
 
     # ------------------------------------------------------------ queries
 
     @property
     def spec(self) -> Lifecycle:
         return self._spec
+
+    @property
+    def table(self) -> Table:
+        return self._table
 
     def state(self, alloc_id: int, generation: int) -> str:
         """The allocation's state; a dropped record is `freed` in its own generation, else `stale`."""
@@ -124,6 +130,8 @@ class LifecycleCore:
             copies, computes = (record.copies, record.computes) if record else (0, 0)
             state = self.state(alloc_id, generation)
             step = self._table.decide(state, event, guard_values(copies, computes))
+            if self.observer is not None:
+                self.observer(state, event, step)
             if step.rule is not None:
                 raise self._errors[step.rule](
                     step.rule,
@@ -142,7 +150,7 @@ class LifecycleCore:
         event = USE_EVENTS[kind][0]
         self.check(unique, event)
         for alloc_id, generation in unique:
-            self._fire(alloc_id, generation, event)
+            self.fire(alloc_id, generation, event)
         use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation)
         self._inflight[use.id] = use
         self._next_use += 1
@@ -154,7 +162,7 @@ class LifecycleCore:
         if use is None:
             raise LifecycleError("EVENT-1", f"use #{use_id} is not in flight")
         event = USE_EVENTS[use.kind][1]
-        release = tuple(r for a in use.allocations if (r := self._fire(a, use.generation, event)) is not None)
+        release = tuple(r for a in use.allocations if (r := self.fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation
         error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
         return Effects(release, use, ok and not aborted, error)
@@ -162,13 +170,13 @@ class LifecycleCore:
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
         """free_device: the record to release now, or None when the free is deferred."""
         self.check([(alloc_id, generation)], "free")
-        return self._fire(alloc_id, generation, "free")
+        return self.fire(alloc_id, generation, "free")
 
     def restart(self) -> list[Allocation]:
         """Begin a new generation; returns the old allocations to release now."""
         old = list(self._allocations.values())
         self.generation += 1
-        return [r for r in old if self._fire(r.id, r.generation, "restart") is not None]
+        return [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
 
     # ------------------------------------------------------------ mechanics
 
@@ -176,13 +184,17 @@ class LifecycleCore:
         if not 0 <= alloc_id < self._next_allocation:
             raise InvalidHandleError("HANDLE-1", f"allocation #{alloc_id} was not made by this bridge")
 
-    def _fire(self, alloc_id: int, generation: int, event: str) -> Allocation | None:
-        """Advance one allocation; returns it when its memory must be released now."""
+    def fire(self, alloc_id: int, generation: int, event: str) -> Allocation | None:
+        """Advance one allocation by one raw spec event; returns it when its memory must be
+        released now. The Bridge's calls are built from this; the model checker and the
+        stateful tests also drive it directly."""
         record = self._allocations.get(alloc_id)
         if record is None:  # freed or stale: no counters, no memory
             self.check([(alloc_id, generation)], event)
             return None
         step = self._table.decide(record.state, event, guard_values(record.copies, record.computes))
+        if self.observer is not None:
+            self.observer(record.state, event, step)
         if step.rule is not None:
             raise self._errors[step.rule](step.rule, f"{event} rejected: allocation #{alloc_id} is {record.state}")
         counter, delta = self._deltas[event]

@@ -109,6 +109,18 @@ class Table:
     steps: Mapping[tuple[str, str], tuple[Step, ...]]
     terminal: frozenset[str]
 
+    def candidates(self) -> list[tuple[str, str, int, Step]]:
+        """Every compiled candidate: (state, event, its index for the pair, step)."""
+        return [(s, e, i, step) for (s, e), steps in self.steps.items() for i, step in enumerate(steps)]
+
+    @staticmethod
+    def describe(state: str, event: str, step: Step) -> str:
+        guards = ",".join(g if want else "!" + g for g, want in step.guards)
+        head = f"{state} --{event}{f'[{guards}]' if guards else ''}-->"
+        if step.rule is not None:
+            return f"{head} reject {step.rule}"
+        return f"{head} {step.dest}{' (release)' if step.release else ''}"
+
     def decide(self, state: str, event: str, guards: Mapping[str, bool]) -> Step:
         for step in self.steps[(state, event)]:
             if all(guards[g] == want for g, want in step.guards):

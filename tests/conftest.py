@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+import tinygrad  # noqa: F401  # imported first: it raises the recursion limit, which Hypothesis would warn about
+from hypothesis import HealthCheck, settings
 
 from devbridge import Bridge, HostRing
 from devbridge.backends.fake import FakeBackend
@@ -21,3 +26,34 @@ def bridge(fake: FakeBackend) -> Bridge:
 @pytest.fixture
 def ring() -> HostRing:
     return HostRing(1024)
+
+
+# Hypothesis profiles: `ci` (derandomized, sized for a few minutes on 2 cores) is the
+# default; `thorough` is for long local runs: HYPOTHESIS_PROFILE=thorough pytest tests/test_stateful.py
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=2000,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    derandomize=False,
+    max_examples=25_000,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the stateful run's spec coverage table when it ran."""
+    stateful = sys.modules.get("stateful")
+    if stateful is not None and stateful.COVERAGE.hits:
+        terminalreporter.write_sep("=", "spec coverage of the stateful run")
+        terminalreporter.write_line(stateful.COVERAGE.report())

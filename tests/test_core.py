@@ -37,7 +37,7 @@ def test_a_completion_without_a_use_in_flight_is_a_lifecycle_error() -> None:
         core.end(use.id, ok=True)
     assert e.value.rule == "EVENT-1"
     with pytest.raises(LifecycleError, match=r"\[EVENT-1\] copy_end rejected: allocation #0 is idle"):
-        core._fire(rec.id, 0, "copy_end")
+        core.fire(rec.id, 0, "copy_end")
     assert (rec.state, rec.copies) == ("idle", 0)
 
 

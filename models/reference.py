@@ -1,0 +1,260 @@
+"""A reference model of the device bridge contract, written to be obviously right.
+
+Plain dicts and sets of byte positions; no code shared with statemachine/ or
+the Bridge. For any sequence of calls and completions it answers: the state
+of each allocation, which calls are rejected and with which error and rule,
+which host bytes are released or readable and what they hold, what every
+allocation's device bytes are, and which backend frees must have happened.
+
+Calls return `Reject(error, rule)` when the contract says the call is refused
+and changes nothing, `Fail(error, rule)` when the backend was asked and
+failed (counted; a failed synchronous output copy also leaves its range
+unreadable), and otherwise an id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Reject:
+    error: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+    rule: str
+
+
+@dataclass
+class Alloc:
+    generation: int
+    data: bytearray
+    freed_by_user: bool = False
+    used: bool = False
+    released: bool = False  # released on the backend
+    uses: set[int] = field(default_factory=set)  # use ids in flight
+
+
+@dataclass
+class Use:
+    kind: str  # copy_in, copy_out, compute, view
+    allocs: list[int]
+    generation: int
+    host: range | None = None  # stream bytes read (copy_in) or written (copy_out)
+    device_offset: int = 0
+    fails: bool = False  # an injected fault: fails when the backend finishes it
+
+
+class ReferenceModel:
+    def __init__(self, ring_capacity: int) -> None:
+        self.generation = 0
+        self.allocs: dict[int, Alloc] = {}
+        self.uses: dict[int, Use] = {}
+        self.frees: list[int] = []  # backend frees, in order
+        self.next_use = 0
+        # host ring, byte by byte (stream offsets)
+        self.capacity = ring_capacity
+        self.head = 0
+        self.reservations: list[range] = []
+        self.unreleased: set[int] = set()
+        self.failed: set[int] = set()  # output bytes whose copy failed
+        self.memory = bytearray(ring_capacity)  # the ring's bytes: stream byte b lives at b % capacity
+
+    # ------------------------------------------------------------ states
+
+    def state(self, a: int) -> str:
+        alloc = self.allocs[a]
+        copies = sum(1 for u in alloc.uses if self.uses[u].kind in ("copy_in", "copy_out"))
+        computes = len(alloc.uses) - copies
+        if alloc.generation != self.generation:
+            return "stale_pending" if alloc.uses else "stale"
+        if alloc.freed_by_user:
+            return "free_pending" if alloc.uses else "freed"
+        if copies and computes:
+            return "copying_computing"
+        if copies:
+            return "copying"
+        if computes:
+            return "computing"
+        return "idle" if alloc.used else "allocated"
+
+    def _use_rejection(self, a: int) -> Reject | None:
+        state = self.state(a)
+        if state.startswith("stale"):
+            return Reject("StaleHandleError", "GEN-2")
+        if state in ("freed", "free_pending"):
+            return Reject("InvalidHandleError", "USE-1")
+        return None
+
+    # ------------------------------------------------------------ ring
+
+    def cursor(self) -> int:
+        return min(self.unreleased) if self.unreleased else self.head
+
+    def reserve(self, n: int) -> range | Reject:
+        pos = self.head % self.capacity
+        start = self.head if pos + n <= self.capacity else self.head + self.capacity - pos
+        if start + n - self.cursor() > self.capacity:
+            return Reject("RingFullError", "RING-2")
+        r = range(start, start + n)
+        self.reservations.append(r)
+        self.unreleased |= set(r)
+        self.head = start + n
+        return r
+
+    def _in_one_reservation(self, r: range) -> bool:
+        return set(r) <= self.unreleased and any(r.start >= s.start and r.stop <= s.stop for s in self.reservations)
+
+    def _pending(self, kind: str) -> set[int]:
+        return {b for u in self.uses.values() if u.kind == kind and u.host is not None for b in u.host}
+
+    def write_host(self, r: range, data: bytes) -> Reject | None:
+        """The producer writes bytes through ring.view."""
+        if rejected := self.view_rejection(r):
+            return rejected
+        for b, v in zip(r, data, strict=True):
+            self.memory[b % self.capacity] = v
+        return None
+
+    def view_rejection(self, r: range) -> Reject | None:
+        if not self._in_one_reservation(r):
+            return Reject("RangeError", "RING-3")
+        if set(r) & (self._pending("copy_out") | self.failed):
+            return Reject("OutputNotReadyError", "D2H-3")
+        return None
+
+    def read_host(self, r: range) -> bytes:
+        return bytes(self.memory[b % self.capacity] for b in r)
+
+    def release(self, r: range) -> Reject | None:
+        if not self._in_one_reservation(r):
+            return Reject("RangeError", "RING-1")
+        if set(r) & self._pending("copy_in"):
+            return Reject("RangeError", "H2D-3")
+        if set(r) & self._pending("copy_out"):
+            return Reject("RangeError", "RING-3")
+        self.unreleased -= set(r)
+        self.failed -= set(r)
+        return None
+
+    # ------------------------------------------------------------ bridge calls
+
+    def alloc(self, extent: int, fails: bool) -> int | Fail:
+        if fails:
+            return Fail("DeviceAllocationError", "ALLOC-2")
+        a = len(self.allocs)
+        self.allocs[a] = Alloc(self.generation, bytearray(extent))
+        return a
+
+    def free(self, a: int) -> Reject | None:
+        state = self.state(a)
+        if state.startswith("stale"):
+            return Reject("StaleHandleError", "GEN-2")
+        if state in ("freed", "free_pending"):
+            return Reject("InvalidHandleError", "FREE-2")
+        self.allocs[a].freed_by_user = True
+        self._release_if_done(a)
+        return None
+
+    def host_to_device(self, src: range, a: int, offset: int, sync: bool, fails: bool) -> int | Reject | Fail:
+        if rejected := self._use_rejection(a):
+            return rejected
+        if not self._in_one_reservation(src) or set(src) & self._pending("copy_out"):
+            return Reject("RangeError", "RING-3")
+        if set(src) & self.failed:
+            return Reject("OutputNotReadyError", "D2H-3")
+        if sync and fails:
+            return Fail("DeviceCopyError", "COPY-F")  # the host bytes stay unreleased for a retry
+        return self._begin(Use("copy_in", [a], self.generation, src, offset, fails), sync)
+
+    def device_to_host(self, a: int, offset: int, dst: range, sync: bool, fails: bool) -> int | Reject | Fail:
+        if rejected := self._use_rejection(a):
+            return rejected
+        if not self._in_one_reservation(dst) or set(dst) & (self._pending("copy_in") | self._pending("copy_out")):
+            return Reject("RangeError", "RING-3")
+        if sync and fails:
+            self.failed |= set(dst)
+            return Fail("OutputCopyError", "COPY-F")
+        self.failed -= set(dst)
+        return self._begin(Use("copy_out", [a], self.generation, dst, offset, fails), sync)
+
+    def compute(self, allocs: list[int], fails: bool) -> int | Reject:
+        unique = list(dict.fromkeys(allocs))
+        for a in unique:
+            if rejected := self._use_rejection(a):
+                return rejected
+        return self._begin(Use("compute", unique, self.generation, fails=fails), sync=False)
+
+    def wrap(self, a: int) -> int | Reject:
+        if rejected := self._use_rejection(a):
+            return rejected
+        return self._begin(Use("view", [a], self.generation), sync=False)
+
+    def restart(self) -> None:
+        self.generation += 1
+        for a in self.allocs:
+            self._release_if_done(a)
+
+    # ------------------------------------------------------------ completions
+
+    def finish(self, u: int, failed: bool = False) -> tuple[str, str] | None:
+        """The backend finished use `u`; returns the (error, rule) its event reports, or None."""
+        use = self.uses.pop(u)
+        failed = failed or use.fails
+        aborted = use.generation != self.generation
+        alloc = self.allocs[use.allocs[0]]
+        if use.kind == "copy_in" and not failed:
+            assert use.host is not None
+            alloc.data[use.device_offset : use.device_offset + len(use.host)] = self.read_host(use.host)
+            if not aborted:
+                self.unreleased -= set(use.host) - self._pending("copy_in")
+        if use.kind == "copy_out":
+            assert use.host is not None
+            if not failed:  # an aborted copy still moved its bytes; they are just not valid
+                data = alloc.data[use.device_offset : use.device_offset + len(use.host)]
+                for b, v in zip(use.host, data, strict=True):
+                    self.memory[b % self.capacity] = v
+            if failed or aborted:
+                self.failed |= set(use.host)
+        for a in use.allocs:
+            self.allocs[a].uses.discard(u)
+            self._release_if_done(a)
+        if aborted:
+            return ("StaleHandleError", "GEN-1")
+        if failed:
+            error = {"copy_in": "DeviceCopyError", "copy_out": "OutputCopyError"}.get(use.kind, "ComputeError")
+            return (error, "COMPUTE-F" if use.kind == "compute" else "COPY-F")
+        return None
+
+    # ------------------------------------------------------------ mechanics
+
+    def _begin(self, use: Use, sync: bool) -> int:
+        u = self.next_use
+        self.next_use += 1
+        self.uses[u] = use
+        for a in use.allocs:
+            self.allocs[a].uses.add(u)
+            self.allocs[a].used = True
+        if sync:
+            self.finish(u)
+        return u
+
+    def _release_if_done(self, a: int) -> None:
+        alloc = self.allocs[a]
+        dead = alloc.freed_by_user or alloc.generation != self.generation
+        if dead and not alloc.uses and not alloc.released:
+            alloc.released = True
+            self.frees.append(a)
+
+    def quiescent_leaks(self) -> list[int]:
+        """With nothing in flight: allocations the worker freed (or a restart ended) not yet released."""
+        assert not self.uses
+        return [
+            a
+            for a, alloc in self.allocs.items()
+            if (alloc.freed_by_user or alloc.generation != self.generation) and not alloc.released
+        ]
