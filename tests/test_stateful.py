@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful import COVERAGE, BridgeMachine
 
 
 def test_bridge_agrees_with_the_reference_model_and_covers_the_spec() -> None:
+    """Runs under the active Hypothesis profile (`ci` by default, `thorough` for long runs)."""
+    start = time.perf_counter()
     run_state_machine_as_test(BridgeMachine, settings=settings())
+    COVERAGE.seconds = time.perf_counter() - start
     assert COVERAGE.missing() == [], "spec candidates the stateful run never exercised"

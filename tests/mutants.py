@@ -1,0 +1,198 @@
+"""Deliberately broken variants of the implementation: each must be caught by the stateful test.
+
+Each mutant is a context manager that patches one plausible bug into the
+real code (the core, the ring, the Bridge, the value types) and undoes it on
+exit. `tests/test_mutants.py` runs the stateful machine under each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+from devbridge import Bridge, DeviceRange, HostRing, RangeError
+from devbridge.backends.base import OK
+from devbridge.spec import guard_values
+from devbridge.statemachine import core as core_module
+from devbridge.statemachine.core import Effects, InFlight, LifecycleCore
+
+Mutant = Callable[[], contextlib.AbstractContextManager[None]]
+MUTANTS: dict[str, Mutant] = {}
+
+
+def mutant(fn: Callable[[], Iterator[None]]) -> Mutant:
+    MUTANTS[fn.__name__] = contextlib.contextmanager(fn)
+    return MUTANTS[fn.__name__]
+
+
+@mutant
+def free_while_in_use() -> Iterator[None]:
+    """free_device releases the memory at once, even while a copy or compute uses it."""
+    original = LifecycleCore.free
+
+    def free(self: LifecycleCore, alloc_id: int, generation: int) -> Any:
+        record = self.allocation(alloc_id)
+        original(self, alloc_id, generation)
+        return record
+
+    with mock.patch.object(LifecycleCore, "free", free):
+        yield
+
+
+@mutant
+def release_on_submit() -> Iterator[None]:
+    """An async input's host bytes are released when the copy is submitted, not completed."""
+
+    def begin_read(self: HostRing, r: Any) -> None:
+        self._cut(r)
+
+    with (
+        mock.patch.object(HostRing, "begin_read", begin_read),
+        mock.patch.object(HostRing, "end_read", lambda self, r, release: None),
+    ):
+        yield
+
+
+@mutant
+def cursor_jumps_a_hole() -> Iterator[None]:
+    """The cursor skips past the first unreleased span."""
+    prop = property(lambda self: self._ends[0] if self._starts else self._head)
+    with mock.patch.object(HostRing, "cursor", prop):
+        yield
+
+
+@mutant
+def stale_handle_accepted() -> Iterator[None]:
+    """Handles of an older generation pass the core's check."""
+    original = LifecycleCore.check
+
+    def check(self: LifecycleCore, handles: Any, event: str) -> None:
+        original(self, [(a, g) for a, g in handles if g == self.generation], event)
+
+    with mock.patch.object(LifecycleCore, "check", check):
+        yield
+
+
+@mutant
+def double_backend_free() -> Iterator[None]:
+    """The release action runs twice when an allocation's last use ends."""
+    original = Bridge._apply
+
+    def apply(self: Bridge, effects: Effects) -> None:
+        original(self, effects)
+        for record in effects.release:
+            self._release(record.memory)
+
+    with mock.patch.object(Bridge, "_apply", apply):
+        yield
+
+
+@mutant
+def off_by_one_device_range() -> Iterator[None]:
+    """A device range one byte past the extent is accepted."""
+
+    def post_init(self: DeviceRange) -> None:
+        if self.offset < 0 or self.nbytes <= 0 or self.offset + self.nbytes > self.handle.extent + 1:
+            raise RangeError("RANGE-1", "out of bounds")
+
+    with mock.patch.object(DeviceRange, "__post_init__", post_init):
+        yield
+
+
+@mutant
+def restart_leaks_idle_memory() -> Iterator[None]:
+    """restart() forgets to release allocations nothing uses."""
+    original = LifecycleCore.restart
+
+    def restart(self: LifecycleCore) -> list[Any]:
+        original(self)
+        return []
+
+    with mock.patch.object(LifecycleCore, "restart", restart):
+        yield
+
+
+@mutant
+def output_readable_before_completion() -> Iterator[None]:
+    """An output range is not marked pending while its copy is in flight."""
+    with (
+        mock.patch.object(HostRing, "begin_write", lambda self, r: None),
+        mock.patch.object(HostRing, "end_write", lambda self, r, valid: None),
+    ):
+        yield
+
+
+@mutant
+def failed_input_released() -> Iterator[None]:
+    """The host bytes of a failed input copy are released as if it had succeeded."""
+    original = LifecycleCore.end
+
+    def end(self: LifecycleCore, use_id: int, ok: bool) -> Effects:
+        effects = original(self, use_id, ok)
+        aborted = effects.error_rule == "GEN-1"
+        return Effects(effects.release, effects.use, not aborted, effects.error_rule)
+
+    with mock.patch.object(LifecycleCore, "end", end):
+        yield
+
+
+@mutant
+def view_does_not_pin() -> Iterator[None]:
+    """A tinygrad view is not counted as a compute use of its allocation."""
+    original = LifecycleCore.begin
+
+    def begin(self: LifecycleCore, kind: str, handles: Any, host: Any = None) -> InFlight:
+        if kind != "view":
+            return original(self, kind, handles, host)
+        use = InFlight(self._next_use, kind, (), host, self.generation)
+        self._inflight[use.id] = use
+        self._next_use += 1
+        return use
+
+    with mock.patch.object(LifecycleCore, "begin", begin):
+        yield
+
+
+@mutant
+def compute_done_at_submit() -> Iterator[None]:
+    """A compute event is treated as complete when it is submitted."""
+    original = Bridge.compute
+
+    def compute(self: Bridge, *handles: Any) -> Any:
+        event = original(self, *handles)
+        self._finish(event, OK)
+        return event
+
+    with mock.patch.object(Bridge, "compute", compute):
+        yield
+
+
+@mutant
+def release_ignores_pending_reads() -> Iterator[None]:
+    """The worker may release host bytes a pending input copy still reads."""
+    original = HostRing.release
+
+    def release(self: HostRing, r: Any) -> None:
+        reads, self._reads = self._reads, []
+        try:
+            original(self, r)
+        finally:
+            self._reads = reads
+
+    with mock.patch.object(HostRing, "release", release):
+        yield
+
+
+@mutant
+def last_copy_guard_wrong() -> Iterator[None]:
+    """The `last_copy` guard is read as "a copy is in flight" (copies >= 1)."""
+
+    def wrong(copies: int, computes: int) -> dict[str, bool]:
+        values = guard_values(copies, computes)
+        values["last_copy"] = copies >= 1
+        return values
+
+    with mock.patch.object(core_module, "guard_values", wrong):
+        yield
