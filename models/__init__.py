@@ -1,5 +1,2 @@
-"""Reference model and bounded model checker of the allocation lifecycle.
-
-Reserved for the reference model (tiny, obviously right) that the stateful
-tests run in lockstep with the Bridge, and the exhaustive bounded checker.
-"""
+"""Models of the lifecycle: the reference model the stateful tests run in lockstep with
+the Bridge (`reference`), and (to come) the exhaustive bounded model checker."""
