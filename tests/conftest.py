@@ -33,6 +33,7 @@ def ring() -> HostRing:
 settings.register_profile(
     "ci",
     derandomize=True,
+    database=None,  # the same examples on every machine: no replay of local failures
     max_examples=2000,
     stateful_step_count=60,
     deadline=None,
@@ -48,7 +49,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     print_blob=True,
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -57,3 +57,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if stateful is not None and stateful.COVERAGE.hits:
         terminalreporter.write_sep("=", "spec coverage of the stateful run")
         terminalreporter.write_line(stateful.COVERAGE.report())
+
+
+# `explore`: like `ci` but randomized, to check that `ci`'s coverage does not hang on one seed.
+settings.register_profile("explore", settings.get_profile("ci"), derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

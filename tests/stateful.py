@@ -39,7 +39,7 @@ from devbridge.models.reference import Fail, ReferenceModel, Reject
 from devbridge.statemachine import default_table
 from devbridge.statemachine.machine import Step, Table
 
-RING = 192
+RING = 384
 U8 = ObjectSpec("blob", "uint8")
 index = st.integers(0, 1 << 16)
 fault = st.sampled_from([False, False, False, True])
@@ -250,6 +250,14 @@ class BridgeMachine(RuleBasedStateMachine):
         self.device_to_host(i, off, n, h, dev, sync=False, fails=False, live=True)
         self.free(h)
 
+    @precondition(lambda self: self.handles and self.reservations)
+    @rule(h=index, i=index, k=st.integers(2, 3), inward=st.booleans())
+    def copy_burst(self, h: int, i: int, k: int, inward: bool) -> None:
+        """Several asynchronous copies on one allocation at once (concurrent uses)."""
+        copy = self.host_to_device if inward else self.device_to_host
+        for j in range(k):
+            copy(i + j, 0, 1, h, j, sync=False, fails=False, live=True)
+
     @precondition(lambda self: self.handles)
     @rule(hs=st.lists(index, min_size=1, max_size=2), fails=fault)
     def compute(self, hs: list[int], fails: bool) -> None:
@@ -340,25 +348,32 @@ class BridgeMachine(RuleBasedStateMachine):
         self.expect(Reject(InvalidViewError.__name__, "VIEW-2"), lambda: self.bridge.wrap_for_tinygrad(handle, view))
 
     @precondition(lambda self: self.handles)
-    @rule(h=index, event=st.sampled_from(["copy_end", "compute_end", "restart"]))
-    def raw_event(self, h: int, event: str) -> None:
-        """Drive the core directly with an event no bridge call would send now (EVENT-1),
-        or a restart of an allocation whose record is gone (freed/stale stay dead)."""
-        handle = self.handle(h)
-        kinds = {self.model.uses[u].kind for u in self.model.allocs[handle.id].uses}
-        state = self.model.state(handle.id)
+    @rule(h=index, t=index, event=st.sampled_from(["copy_end", "compute_end", "restart"]))
+    def raw_event(self, h: int, t: int, event: str) -> None:
+        """Drive the core directly with an event no bridge call would send now: an end
+        for a kind of use not in flight (EVENT-1), or a restart of an allocation whose
+        record is gone (freed and stale stay dead). Picks among the handles where it applies."""
         core = self.bridge._core
-        if event == "restart" and state in ("freed", "stale"):
-            core.fire(handle.id, handle.generation, event)
-            assert self.bridge.state(handle) == state
-            return
-        # an end event for a kind of use that is not in flight (the other kind if this one is)
-        idle_ends = [e for e, k in (("copy_end", {"copy_in", "copy_out"}), ("compute_end", {"compute", "view"}))
-                     if not kinds & k]  # fmt: skip
-        if not idle_ends:
-            return
-        end = event if event in idle_ends else idle_ends[0]
-        self.expect(Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, end))
+        if event == "restart":
+            dead = [x for x in self.handles if self.model.state(x.id) in ("freed", "stale")]
+            if dead:
+                handle = dead[h % len(dead)]
+                state = self.model.state(handle.id)
+                core.fire(handle.id, handle.generation, event)
+                assert self.bridge.state(handle) == state
+                return
+            event = "copy_end"
+        kinds = {"copy_end": {"copy_in", "copy_out"}, "compute_end": {"compute", "view"}}[event]
+        idle = [x for x in self.handles if not kinds & {self.model.uses[u].kind for u in self.model.allocs[x.id].uses}]
+        by_state: dict[str, list[DeviceHandle]] = {}
+        for x in idle:  # first a state, then a handle in it: rare states get their turn
+            by_state.setdefault(self.model.state(x.id), []).append(x)
+        if by_state:
+            group = by_state[sorted(by_state)[t % len(by_state)]]
+            handle = group[h % len(group)]
+            self.expect(
+                Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, event)
+            )
 
     # ------------------------------------------------------------ invariants
 
