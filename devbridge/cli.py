@@ -19,6 +19,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     example.add_argument("--floats", type=int, default=1024, help="float32 values per object")
     example.add_argument("--seed", type=int, default=0)
     example.add_argument("--json", action="store_true", help="print the report as JSON")
+    commands.add_parser(
+        "docs", help="write spec/CONTRACT.md from the spec (--check, --svg; see docs -h)", add_help=False
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["docs"]:
+        from devbridge.docs import main as docs_main
+
+        return docs_main(argv[1:])
     args = parser.parse_args(argv)
 
     from devbridge.example import run_example

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 SPEC_PATH = Path(__file__).with_name("lifecycle.toml")
+SEED_PATH = Path(__file__).with_name("SEED.md")
 
 #: Actions a transition may carry; the core turns them into backend calls.
 ACTIONS = frozenset({"release_memory"})
@@ -86,9 +87,10 @@ Outcome = Transition | Rejection
 @dataclass(frozen=True)
 class Rule:
     id: str
+    section: str
     text: str
     error: str | None
-    seed: str
+    seed: tuple[str, ...]  # the contract bullets (spec/SEED.md) the rule implements
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def parse(data: Mapping[str, Any]) -> Lifecycle:
         for r in data["rules"]:
             if r["id"] in rules:
                 raise SpecError(f"rule {r['id']} is defined twice")
-            rules[r["id"]] = Rule(r["id"], r["text"], r.get("error"), r["seed"])
+            seed = tuple(" ".join(b.split()) for b in _as_list(r["seed"]))
+            rules[r["id"]] = Rule(r["id"], r["section"], r["text"], r.get("error"), seed)
         invariants = {i["id"]: Invariant(i["id"], i["text"]) for i in data["invariants"]}
         lifecycle = Lifecycle(data["initial"], states, events, guards, transitions, rejections, rules, invariants)
     except KeyError as missing:
@@ -218,6 +221,9 @@ def _check_names(lc: Lifecycle) -> None:
             raise SpecError(f"transition {t} names an unknown state or event")
         if any(g not in lc.guards for g, _ in t.guards) or (t.action and t.action not in ACTIONS):
             raise SpecError(f"transition {t} names an unknown guard or action")
+    for rule in lc.rules.values():
+        if not rule.seed or not rule.section:
+            raise SpecError(f"rule {rule.id} needs a section and at least one seed clause")
     for r in lc.rejections:
         if r.source not in lc.states or r.event not in lc.events or r.rule not in lc.rules:
             raise SpecError(f"rejection {r} names an unknown state, event or rule")

@@ -1,0 +1,270 @@
+"""`devbridge docs`: write spec/CONTRACT.md from the spec and the Machine built from it.
+
+Nothing in the document is written by hand: the state diagram is drawn from
+the `transitions.Machine`'s own transition lists, the tables from the spec,
+the contract clauses from spec/SEED.md (each must map to a rule), and the
+proving tests from the tests' `holds`/`rejects` markers. `--check` compares
+the committed file with what would be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from devbridge.errors import CONTRACT_PATH
+from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rejection, load
+from devbridge.statemachine.machine import build_machine
+
+MARKERS = ("holds", "rejects")
+
+
+class DocsError(Exception):
+    """The spec, the contract and the tests do not line up; the message says where."""
+
+
+def source_root() -> Path:
+    """The checkout the packaged spec comes from (links resolved)."""
+    return SPEC_PATH.resolve().parent.parent
+
+
+def anchor(rule_id: str) -> str:
+    """The heading anchor of a rule in CONTRACT.md (GitHub's slug of the heading)."""
+    return rule_id.lower()
+
+
+# ------------------------------------------------------------ inputs
+
+
+def seed_bullets(path: Path) -> list[tuple[str, str]]:
+    """(section, bullet) for every bullet of the contract, whitespace folded."""
+    bullets: list[tuple[str, str]] = []
+    section = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("- "):
+            bullets.append((section, line[2:].strip()))
+        elif line.startswith("  ") and bullets and line.strip():
+            bullets[-1] = (bullets[-1][0], f"{bullets[-1][1]} {line.strip()}")
+    return bullets
+
+
+def rule_tests(tests_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """{"holds"|"rejects": {rule id: ["tests/test_x.py::name", ...]}} from the markers in tests_dir."""
+    found: dict[str, dict[str, list[str]]] = {kind: {} for kind in MARKERS}
+    for path in sorted(tests_dir.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if (
+                    isinstance(deco, ast.Call)
+                    and isinstance(deco.func, ast.Attribute)
+                    and deco.func.attr in MARKERS
+                    and ast.unparse(deco.func.value) == "pytest.mark"
+                ):
+                    for arg in deco.args:
+                        where = f"{tests_dir.name}/{path.name}::{node.name}"
+                        found[deco.func.attr].setdefault(ast.literal_eval(arg), []).append(where)
+    return found
+
+
+# ------------------------------------------------------------ the graph
+
+
+def edges(machine: Any, lc: Lifecycle) -> list[tuple[str, str, str]]:
+    """(source, dest, label) for every transition of the Machine, merged per (source, dest)."""
+    labels: dict[tuple[str, str], list[str]] = {}
+    for state in lc.states:
+        for event in lc.events:
+            for t in machine.events[event].transitions.get(state, []) if event in machine.events else []:
+                if t.dest is None:  # a guarded rejection lives in the Machine as an internal transition
+                    continue
+                guards = " and ".join(c.func if c.target else "not " + c.func for c in t.conditions)
+                label = (
+                    event + (f" [{guards}]" if guards else "") + (" / release" if "release_memory" in t.after else "")
+                )
+                labels.setdefault((state, t.dest), []).append(label)
+    return [(s, d, "<br/>".join(ls)) for (s, d), ls in labels.items()]
+
+
+def mermaid(machine: Any, lc: Lifecycle) -> str:
+    lines = ["stateDiagram-v2", f"    [*] --> {lc.initial}"]
+    lines += [f"    {s} --> {d} : {label}" for s, d, label in edges(machine, lc)]
+    lines += [f"    {s} --> [*]" for s, st in lc.states.items() if st.terminal]
+    return "\n".join(lines)
+
+
+def graphviz(machine: Any, lc: Lifecycle) -> str:
+    lines = ["digraph lifecycle {", "  rankdir=LR; node [shape=box, style=rounded];"]
+    lines += [f"  {s} [peripheries=2];" for s, st in lc.states.items() if st.terminal]
+    lines += [f'  {s} -> {d} [label="{label.replace("<br/>", chr(92) + "n")}"];' for s, d, label in edges(machine, lc)]
+    return "\n".join([*lines, "}"]) + "\n"
+
+
+# ------------------------------------------------------------ the document
+
+
+def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests_dir: Path | None = None) -> str:
+    lc = load(spec_path)
+    machine = build_machine(lc)
+    bullets = seed_bullets(seed_path or SEED_PATH)
+    tests = rule_tests(tests_dir or source_root() / "tests")
+    _check_alignment(lc, bullets, tests)
+
+    out: list[str] = [
+        "# devbridge contract",
+        "",
+        "<!-- Generated by `devbridge docs` from spec/lifecycle.toml, spec/SEED.md and the tests' markers."
+        " Do not edit: change the spec and regenerate. -->",
+        "",
+        "Every device allocation follows the lifecycle below. Each rule has an ID; every error the",
+        "bridge raises names one (`[FREE-2] ...`) and links to its section here.",
+        "",
+        "## Lifecycle",
+        "",
+        "```mermaid",
+        mermaid(machine, lc),
+        "```",
+        "",
+        "| state | meaning | counters |",
+        "|---|---|---|",
+    ]
+    for st in lc.states.values():
+        where = ", ".join(f"{k} {v}" for k, v in st.where.items()) or "any"
+        out.append(f"| `{st.name}`{' (terminal)' if st.terminal else ''} | {st.doc} | {where} |")
+    out += ["", "| event | meaning | counter |", "|---|---|---|"]
+    for ev in lc.events.values():
+        counter = f"{ev.counter} {ev.delta:+d}" if ev.counter else ""
+        out.append(f"| `{ev.name}` | {ev.doc} | {counter} |")
+    out += ["", "Guards read the counters before the event:", ""]
+    out += [f"- `{name}`: {doc}" for name, doc in lc.guards.items()]
+
+    out += [
+        "",
+        "## Transition table",
+        "",
+        "Every (state, event) pair. Candidates are tried in order; the first whose guards hold is taken.",
+        "A rejected event changes nothing.",
+        "",
+        "| state | event | guard | outcome |",
+        "|---|---|---|---|",
+    ]
+    for state, event in lc.pairs():
+        for o in lc.outcomes(state, event):
+            guard = ", ".join(g if want else f"not {g}" for g, want in o.guards) or "—"
+            if isinstance(o, Rejection):
+                error = lc.rules[o.rule].error
+                outcome = f"rejected: [{o.rule}](#{anchor(o.rule)}) `{error}`"
+            else:
+                outcome = f"→ `{o.dest}`" + (" + backend free" if o.action == "release_memory" else "")
+            out.append(f"| `{state}` | `{event}` | {guard} | {outcome} |")
+
+    sections: dict[str, list[str]] = {}
+    for rule in lc.rules.values():
+        sections.setdefault(rule.section, []).append(rule.id)
+    out += ["", "## Rules", ""]
+    for section, ids in sections.items():
+        out += [f"### {section}", ""]
+        if section.startswith("Generations"):
+            out += _restart_summary(lc)
+        for rid in ids:
+            out += _rule_block(lc, rid, tests)
+    out += ["## Invariants", "", "Checked after every step of the stateful tests:", ""]
+    out += [f"- **{inv.id}**: {inv.text}" for inv in lc.invariants.values()]
+    out += [
+        "",
+        "## Contract clauses",
+        "",
+        "Each clause of the user's contract (spec/SEED.md) and the rules that implement it.",
+    ]
+    current = None
+    for section, bullet in bullets:
+        if section != current:
+            out += ["", f"**{section}**", ""]
+            current = section
+        rules = [r.id for r in lc.rules.values() if bullet in r.seed]
+        out.append(f"- {bullet} — " + ", ".join(f"[{r}](#{anchor(r)})" for r in rules))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _restart_summary(lc: Lifecycle) -> list[str]:
+    rows = ["What `restart()` does to an allocation in each state:", "", "| state | becomes |", "|---|---|"]
+    for state in lc.states:
+        for o in lc.outcomes(state, "restart"):
+            if not isinstance(o, Rejection):
+                rows.append(f"| `{state}` | `{o.dest}`" + (" + backend free |" if o.action else " |"))
+    return [*rows, ""]
+
+
+def _rule_block(lc: Lifecycle, rid: str, tests: dict[str, dict[str, list[str]]]) -> list[str]:
+    rule = lc.rules[rid]
+    reported = f"`{rule.error}`" if rule.error else "nothing: the rule is kept by deferring, never by failing a call"
+    block = [f"#### {rid}", "", rule.text, "", f"- Reported by: {reported}"]
+    block += [f"- Contract: {clause}" for clause in rule.seed]
+    for kind, title in (("holds", "Proved by"), ("rejects", "Violation rejected by")):
+        block.append(f"- {title}: " + ", ".join(f"`{t}`" for t in sorted(tests[kind].get(rid, []))))
+    return [*block, ""]
+
+
+def _check_alignment(lc: Lifecycle, bullets: list[tuple[str, str]], tests: dict[str, dict[str, list[str]]]) -> None:
+    known = {b for _, b in bullets}
+    for rule in lc.rules.values():
+        if unknown := [c for c in rule.seed if c not in known]:
+            raise DocsError(f"rule {rule.id} cites a clause that is not in the contract: {unknown[0]!r}")
+    if orphans := [b for _, b in bullets if not any(b in r.seed for r in lc.rules.values())]:
+        raise DocsError(f"contract clause implemented by no rule: {orphans[0]!r}")
+    for kind in MARKERS:
+        if missing := [r for r in lc.rules if r not in tests[kind]]:
+            raise DocsError(f"rule {missing[0]} has no test marked @pytest.mark.{kind}")
+
+
+# ------------------------------------------------------------ command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="devbridge docs", description=__doc__)
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the committed file is not what would be written"
+    )
+    parser.add_argument("--svg", action="store_true", help="also write the diagram as SVG (needs Graphviz's dot)")
+    parser.add_argument("--spec", type=Path, default=None, help="lifecycle spec (default: the packaged one)")
+    parser.add_argument("--seed", type=Path, default=None, help="the contract (default: spec/SEED.md)")
+    parser.add_argument("--tests", type=Path, default=None, help="tests folder (default: the checkout's tests/)")
+    parser.add_argument("--out", type=Path, default=None, help="output (default: spec/CONTRACT.md)")
+    args = parser.parse_args(argv)
+    out = args.out or source_root() / CONTRACT_PATH
+    try:
+        text = generate(args.spec, args.seed, args.tests)
+    except DocsError as e:
+        print(f"devbridge docs: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        current = out.read_text() if out.exists() else ""
+        if current == text:
+            print(f"{out} is up to date")
+            return 0
+        diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(out), "generated", lineterm="", n=1)
+        print(f"{out} differs from what `devbridge docs` would write:", file=sys.stderr)
+        print("\n".join(list(diff)[:40]), file=sys.stderr)
+        return 1
+    out.write_text(text)
+    print(f"wrote {out}")
+    if args.svg:
+        dot = shutil.which("dot")
+        if dot is None:
+            print("Graphviz's dot is not installed: no SVG (the Markdown is complete without it)")
+        else:
+            svg = out.with_suffix(".svg")
+            lc = load(args.spec)
+            subprocess.run([dot, "-Tsvg", "-o", str(svg)], input=graphviz(build_machine(lc), lc), text=True, check=True)
+            print(f"wrote {svg}")
+    return 0

@@ -1,0 +1,88 @@
+"""CONTRACT.md is generated from the spec, checked in CI, and every error points into it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from devbridge import Bridge, InvalidHandleError, ObjectSpec
+from devbridge.backends.fake import FakeBackend
+from devbridge.cli import main
+from devbridge.docs import DocsError, generate, seed_bullets, source_root
+from devbridge.errors import CONTRACT_PATH
+from devbridge.spec import SEED_PATH, SPEC_PATH, load
+
+TESTS = Path(__file__).parent
+
+
+def test_committed_contract_is_what_the_generator_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["docs", "--check"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_changing_the_spec_changes_the_document_until_regenerated(tmp_path: Path) -> None:
+    spec, out = tmp_path / "lifecycle.toml", tmp_path / "CONTRACT.md"
+    shutil.copy(SPEC_PATH, spec)
+    args = ["docs", "--spec", str(spec), "--out", str(out), "--tests", str(TESTS)]
+    assert main(args) == 0 and main([*args, "--check"]) == 0
+    spec.write_text(spec.read_text().replace("A handle made by another Bridge", "A handle minted by another Bridge"))
+    assert main([*args, "--check"]) == 1
+    assert main(args) == 0 and main([*args, "--check"]) == 0
+    assert "A handle minted by another Bridge" in out.read_text()
+
+
+def test_a_contract_clause_without_a_rule_fails_the_generator(tmp_path: Path) -> None:
+    seed = tmp_path / "SEED.md"
+    seed.write_text(SEED_PATH.read_text() + "\n## Extra\n\n- Devices never catch fire.\n")
+    with pytest.raises(DocsError, match=re.escape("implemented by no rule: 'Devices never catch fire.'")):
+        generate(seed_path=seed, tests_dir=TESTS)
+    assert main(["docs", "--seed", str(seed), "--out", str(tmp_path / "C.md")]) == 2
+    assert not (tmp_path / "C.md").exists()
+
+
+def test_a_rule_without_tests_fails_the_generator(tmp_path: Path) -> None:
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    with pytest.raises(DocsError, match=re.escape("has no test marked @pytest.mark.holds")):
+        generate(tests_dir=tmp_path)
+
+
+def test_every_clause_and_rule_appears_with_its_proving_tests() -> None:
+    doc = (source_root() / CONTRACT_PATH).read_text()
+    for _, bullet in seed_bullets(SEED_PATH):
+        assert re.search(rf"^- {re.escape(bullet)} — \[", doc, re.M), bullet
+    for rid in load().rules:
+        block = doc.split(f"#### {rid}\n", 1)[1].split("\n#### ", 1)[0]
+        assert re.search(r"- Proved by: `tests/test_\w+\.py::\w+`", block), rid
+        assert re.search(r"- Violation rejected by: `tests/test_\w+\.py::\w+`", block), rid
+
+
+def test_the_diagram_has_every_spec_transition() -> None:
+    doc = (source_root() / CONTRACT_PATH).read_text()
+    diagram = doc.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert diagram.startswith("stateDiagram-v2\n    [*] --> allocated\n")
+    for t in load().transitions:
+        edge = re.search(rf"^    {t.source} --> {t.dest} : (.*)$", diagram, re.M)
+        assert edge is not None and t.event in edge.group(1), t
+
+
+def test_errors_name_their_rule_and_its_anchor() -> None:
+    bridge = Bridge(FakeBackend())
+    h = bridge.alloc_device(ObjectSpec("x", "uint8"), 4)
+    bridge.free_device(h)
+    with pytest.raises(InvalidHandleError) as e:
+        bridge.free_device(h)
+    assert str(e.value).startswith("[FREE-2] ") and str(e.value).endswith("(see spec/CONTRACT.md#free-2)")
+    assert "\n#### FREE-2\n" in (source_root() / CONTRACT_PATH).read_text()  # GitHub's anchor of that heading
+
+
+def test_svg_is_written_where_graphviz_is_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "CONTRACT.md"
+    assert main(["docs", "--svg", "--out", str(out)]) == 0
+    if shutil.which("dot"):
+        assert out.with_suffix(".svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    else:
+        assert "no SVG" in capsys.readouterr().out and not out.with_suffix(".svg").exists()
+    assert out.read_text().startswith("# devbridge contract")
