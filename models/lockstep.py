@@ -1,0 +1,272 @@
+"""Lockstep: the real Bridge (over FakeBackend and a HostRing) and the reference model, side by side.
+
+Every call goes to both; the model predicts the outcome (a result, a refusal
+that changes nothing, or a failure), the implementation must match, and
+`check()` compares everything observable after each step. The Hypothesis
+stateful test and the bounded model checker both drive this one class.
+
+Each call also appends the public-API code it ran, with assertions of the
+model's predictions, to `script`: a failing sequence becomes a runnable test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from devbridge.backends.fake import FakeBackend
+from devbridge.bridge import Bridge
+from devbridge.errors import BridgeError
+from devbridge.events import Event
+from devbridge.models.reference import Fail, ReferenceModel, Reject
+from devbridge.ring import HostRing
+from devbridge.statemachine.machine import Step
+from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+
+U8 = ObjectSpec("blob", "uint8")
+
+SCRIPT_HEADER = [
+    "import pytest",
+    "from devbridge import *",
+    "from devbridge.backends.fake import FakeBackend",
+    "",
+    "",
+]
+
+
+class Lockstep:
+    def __init__(
+        self, ring_capacity: int, observer: Callable[[str, str, Step], None] | None = None, record: bool = False
+    ) -> None:
+        self.record = record
+        self.fake = FakeBackend()
+        self.bridge = Bridge(self.fake)
+        self.ring = HostRing(ring_capacity)
+        self.model = ReferenceModel(ring_capacity)
+        self.bridge._core.observer = observer
+        self.handles: list[DeviceHandle] = []
+        self.reservations: list[HostRange] = []
+        self.pending: dict[int, Event] = {}  # model use id -> bridge event, for copies and computes
+        self.views: dict[int, Any] = {}  # model use id -> live tinygrad view
+        self.cursor = 0
+        self.script = [
+            "def test_counterexample():",
+            "    fake = FakeBackend()",
+            "    bridge = Bridge(fake)",
+            f"    ring = HostRing({ring_capacity})",
+        ]
+
+    # ------------------------------------------------------------ mechanics
+
+    def emit(self, *lines: str) -> None:
+        if self.record:
+            self.script += [f"    {line}" for line in lines]
+
+    def snapshot(self) -> object:
+        return (
+            self.bridge.stats(),
+            [self.bridge.state(h) for h in self.handles],
+            self.ring.snapshot(),
+            self.fake.snapshot(),
+        )
+
+    def expect(self, outcome: object, call: Callable[[], Any], code: str) -> Any:
+        """Run `call` (whose source is `code`); a model refusal must raise its error and change nothing."""
+        if isinstance(outcome, Reject | Fail):
+            self.emit(f"with pytest.raises({outcome.error}, match=r'\\[{outcome.rule}\\]'):", f"    {code}")
+            before = self.snapshot() if isinstance(outcome, Reject) else None
+            try:
+                call()
+            except BridgeError as e:
+                assert (type(e).__name__, e.rule) == (outcome.error, outcome.rule), (e, outcome)
+            else:
+                raise AssertionError(f"expected {outcome}, the call succeeded")
+            if before is not None:
+                assert self.snapshot() == before, "a rejected call changed something"
+            return None
+        return call()
+
+    @staticmethod
+    def span(r: HostRange) -> range:
+        return range(r.start, r.end)
+
+    def rname(self, r: HostRange) -> str:
+        """Source code naming `r` as a sub-range of one of the reservations."""
+        k = next(i for i, res in enumerate(self.reservations) if res.start <= r.start and r.end <= res.end)
+        whole = self.reservations[k]
+        return f"r{k}" if whole == r else f"r{k}.sub({r.start - whole.start}, {r.nbytes})"
+
+    def track(self, use: int, event: Event) -> None:
+        assert event.use_id == use, (event.use_id, use)
+        if not event.done():
+            self.pending[use] = event
+
+    # ------------------------------------------------------------ calls
+
+    def alloc(self, extent: int, fails: bool) -> None:
+        outcome = self.model.alloc(extent, fails)
+        if fails:
+            self.fake.fail_next("alloc")  # alloc always reaches the backend
+            self.emit('fake.fail_next("alloc")')
+        name = f"h{len(self.handles)}"
+        code = f"bridge.alloc_device(ObjectSpec('blob', 'uint8'), {extent})"
+        h = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
+        if h is not None:
+            assert h.id == outcome == len(self.handles)
+            self.handles.append(h)
+            self.emit(f"{name} = {code}")
+
+    def free(self, h: DeviceHandle) -> None:
+        outcome = self.model.free(h.id)
+        code = f"bridge.free_device(h{h.id})"
+        if outcome is None:
+            self.emit(code)
+        self.expect(outcome, lambda: self.bridge.free_device(h), code)
+
+    def restart(self) -> None:
+        self.model.restart()
+        self.bridge.restart()
+        self.emit("bridge.restart()")
+
+    def reserve(self, n: int) -> HostRange | None:
+        outcome = self.model.reserve(n)
+        name = f"r{len(self.reservations)}"
+        r = self.expect(outcome, lambda: self.ring.reserve(n), f"ring.reserve({n})")
+        if r is not None:
+            assert isinstance(outcome, range) and (r.start, r.end) == (outcome.start, outcome.stop)
+            self.reservations.append(r)
+            self.emit(f"{name} = ring.reserve({n})")
+        return r  # type: ignore[no-any-return]
+
+    def fill(self, r: HostRange, data: bytes) -> None:
+        outcome = self.model.view_rejection(self.span(r))
+        code = f"ring.view({self.rname(r)})[:] = {data!r}"
+
+        def write() -> None:
+            self.ring.view(r)[:] = data
+
+        if outcome is None:
+            self.emit(code)
+        self.expect(outcome, write, code)
+        if outcome is None:
+            self.model.write_host(self.span(r), data)
+
+    def read(self, r: HostRange) -> None:
+        outcome = self.model.view_rejection(self.span(r))
+        code = f"bytes(ring.view({self.rname(r)}))"
+        got = self.expect(outcome, lambda: bytes(self.ring.view(r)), code)
+        if outcome is None:
+            expected = self.model.read_host(self.span(r))
+            self.emit(f"assert {code} == {expected!r}")
+            assert got == expected
+
+    def release(self, r: HostRange) -> None:
+        outcome = self.model.release(self.span(r))
+        code = f"ring.release({self.rname(r)})"
+        if outcome is None:
+            self.emit(code)
+        self.expect(outcome, lambda: self.ring.release(r), code)
+
+    def host_to_device(self, src: HostRange, h: DeviceHandle, d_off: int, sync: bool, fails: bool) -> None:
+        outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails)
+        if fails and not isinstance(outcome, Reject):  # the call reaches the backend: arm the fault
+            self.fake.fail_next("copy_in")
+            self.emit('fake.fail_next("copy_in")')
+        dst = DeviceRange(h, d_off, src.nbytes)
+        code = f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), sync={sync})"
+        self._copy(outcome, lambda: self.bridge.host_to_device(src, dst, sync=sync), code)
+
+    def device_to_host(self, h: DeviceHandle, d_off: int, dst: HostRange, sync: bool, fails: bool) -> None:
+        outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails)
+        if fails and not isinstance(outcome, Reject):
+            self.fake.fail_next("copy_out")
+            self.emit('fake.fail_next("copy_out")')
+        src = DeviceRange(h, d_off, dst.nbytes)
+        code = f"bridge.device_to_host(DeviceRange(h{h.id}, {d_off}, {dst.nbytes}), {self.rname(dst)}, sync={sync})"
+        self._copy(outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code)
+
+    def _copy(self, outcome: object, call: Callable[[], Event], code: str) -> None:
+        if isinstance(outcome, int):
+            self.emit(f"e{outcome} = {code}")
+        event = self.expect(outcome, call, code)
+        if isinstance(outcome, int):
+            self.track(outcome, event)
+
+    def compute(self, handles: list[DeviceHandle], fails: bool) -> None:
+        outcome = self.model.compute([h.id for h in handles], fails)
+        if fails and not isinstance(outcome, Reject):
+            self.fake.fail_next("compute")
+            self.emit('fake.fail_next("compute")')
+        code = f"bridge.compute({', '.join(f'h{h.id}' for h in handles)})"
+        if isinstance(outcome, int):
+            self.emit(f"e{outcome} = {code}")
+        event = self.expect(outcome, lambda: self.bridge.compute(*handles), code)
+        if isinstance(outcome, int):
+            self.track(outcome, event)
+
+    def wrap(self, h: DeviceHandle, d_off: int, d_n: int) -> None:
+        outcome = self.model.wrap(h.id)
+        view = TensorViewSpec((d_n,), "uint8", d_off)
+        code = f"bridge.wrap_for_tinygrad(h{h.id}, TensorViewSpec(({d_n},), 'uint8', {d_off}))"
+        if isinstance(outcome, int):
+            self.emit(f"v{outcome} = {code}")
+        tensor = self.expect(outcome, lambda: self.bridge.wrap_for_tinygrad(h, view), code)
+        if isinstance(outcome, int):
+            self.views[outcome] = tensor
+
+    def drop_view(self, use: int) -> None:
+        del self.views[use]  # the finalizer queues the end of the use; the bridge applies it on its next call
+        self.model.finish(use)  # a view's end is reported to nobody, aborted by a restart or not
+        self.emit(f"del v{use}", "assert bridge.poll() == 1")
+        assert self.bridge.poll() == 1
+
+    def complete(self, use: int, failed: bool) -> None:
+        event = self.pending.pop(use)
+        expected = self.model.finish(use, failed)
+        if failed:
+            self.fake.fail(event, "failed by the test")
+            self.emit(f"fake.fail(e{use})")
+        else:
+            self.fake.complete(event)
+            self.emit(f"fake.complete(e{use})")
+        assert event.done()
+        error = event.error
+        if expected is None:
+            self.emit(f"assert e{use}.done() and e{use}.error is None")
+        else:
+            self.emit(f"assert isinstance(e{use}.error, {expected[0]}) and e{use}.error.rule == {expected[1]!r}")
+        assert (None if error is None else (type(error).__name__, error.rule)) == expected, (error, expected)
+
+    # ------------------------------------------------------------ invariants
+
+    def check(self) -> None:
+        """Everything observable agrees with the model, and the spec's invariants hold."""
+        states = [self.model.state(h.id) for h in self.handles]
+        freed = self.model.frees
+        cursor = self.model.cursor()
+        if self.record:
+            self.emit(
+                f"assert [bridge.state(h) for h in [{', '.join(f'h{h.id}' for h in self.handles)}]] == {states!r}",
+                f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {freed!r}",
+                f"assert ring.cursor == {cursor}",
+            )
+        assert [self.bridge.state(h) for h in self.handles] == states, "states differ from the model"
+        assert [c.buffer for c in self.fake.calls if c.op == "free"] == freed, (
+            "backend frees differ (none while in use, each exactly once)"
+        )
+        assert self.fake.violations == []
+        assert self.ring.cursor >= self.cursor, "cursor moved backwards"
+        assert self.ring.cursor == cursor, "cursor passed an unreleased byte or stopped early"
+        self.cursor = self.ring.cursor
+        for r in self.reservations:
+            assert self.ring.released(r) == (not set(self.span(r)) & self.model.unreleased)
+        for h in self.handles:
+            alloc = self.model.allocs[h.id]
+            if not alloc.released:
+                assert bytes(self.fake.buffer(h.id).data) == bytes(alloc.data), f"device bytes of #{h.id}"
+        if not self.model.uses:
+            assert self.model.quiescent_leaks() == []
+            assert self.fake.live_allocations == sum(not a.released for a in self.model.allocs.values())
+
+    def test_source(self) -> str:
+        return "\n".join([*SCRIPT_HEADER, *self.script]) + "\n"
