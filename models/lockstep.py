@@ -108,13 +108,13 @@ class Lockstep:
         if fails:
             self.fake.fail_next("alloc")  # alloc always reaches the backend
             self.emit('fake.fail_next("alloc")')
-        name = f"h{len(self.handles)}"
         code = f"bridge.alloc_device(ObjectSpec('blob', 'uint8'), {extent})"
+        if isinstance(outcome, int):
+            self.emit(f"h{outcome} = {code}")
         h = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
         if h is not None:
             assert h.id == outcome == len(self.handles)
             self.handles.append(h)
-            self.emit(f"{name} = {code}")
 
     def free(self, h: DeviceHandle) -> None:
         outcome = self.model.free(h.id)
@@ -124,18 +124,18 @@ class Lockstep:
         self.expect(outcome, lambda: self.bridge.free_device(h), code)
 
     def restart(self) -> None:
+        self.emit("bridge.restart()")
         self.model.restart()
         self.bridge.restart()
-        self.emit("bridge.restart()")
 
     def reserve(self, n: int) -> HostRange | None:
         outcome = self.model.reserve(n)
-        name = f"r{len(self.reservations)}"
+        if isinstance(outcome, range):
+            self.emit(f"r{len(self.reservations)} = ring.reserve({n})")
         r = self.expect(outcome, lambda: self.ring.reserve(n), f"ring.reserve({n})")
         if r is not None:
             assert isinstance(outcome, range) and (r.start, r.end) == (outcome.start, outcome.stop)
             self.reservations.append(r)
-            self.emit(f"{name} = ring.reserve({n})")
         return r  # type: ignore[no-any-return]
 
     def fill(self, r: HostRange, data: bytes) -> None:
@@ -154,10 +154,11 @@ class Lockstep:
     def read(self, r: HostRange) -> None:
         outcome = self.model.view_rejection(self.span(r))
         code = f"bytes(ring.view({self.rname(r)}))"
+        expected = self.model.read_host(self.span(r)) if outcome is None else b""
+        if outcome is None:
+            self.emit(f"assert {code} == {expected!r}")
         got = self.expect(outcome, lambda: bytes(self.ring.view(r)), code)
         if outcome is None:
-            expected = self.model.read_host(self.span(r))
-            self.emit(f"assert {code} == {expected!r}")
             assert got == expected
 
     def release(self, r: HostRange) -> None:
@@ -215,20 +216,20 @@ class Lockstep:
             self.views[outcome] = tensor
 
     def drop_view(self, use: int) -> None:
+        self.emit(f"del v{use}", "assert bridge.poll() == 1")
         del self.views[use]  # the finalizer queues the end of the use; the bridge applies it on its next call
         self.model.finish(use)  # a view's end is reported to nobody, aborted by a restart or not
-        self.emit(f"del v{use}", "assert bridge.poll() == 1")
         assert self.bridge.poll() == 1
 
     def complete(self, use: int, failed: bool) -> None:
         event = self.pending.pop(use)
         expected = self.model.finish(use, failed)
         if failed:
-            self.fake.fail(event, "failed by the test")
             self.emit(f"fake.fail(e{use})")
+            self.fake.fail(event, "failed by the test")
         else:
-            self.fake.complete(event)
             self.emit(f"fake.complete(e{use})")
+            self.fake.complete(event)
         assert event.done()
         error = event.error
         if expected is None:
@@ -258,15 +259,38 @@ class Lockstep:
         assert self.ring.cursor >= self.cursor, "cursor moved backwards"
         assert self.ring.cursor == cursor, "cursor passed an unreleased byte or stopped early"
         self.cursor = self.ring.cursor
-        for r in self.reservations:
-            assert self.ring.released(r) == (not set(self.span(r)) & self.model.unreleased)
+        for k, r in enumerate(self.reservations):
+            released = not set(self.span(r)) & self.model.unreleased
+            self.emit(f"assert ring.released(r{k}) == {released}")
+            assert self.ring.released(r) == released, f"release status of {r}"
+            if not released and set(self.span(r)) <= self.model.unreleased:
+                self.probe_view(k, r)
         for h in self.handles:
             alloc = self.model.allocs[h.id]
             if not alloc.released:
+                self.emit(f"assert bytes(fake.buffer({h.id}).data) == {bytes(alloc.data)!r}")
                 assert bytes(self.fake.buffer(h.id).data) == bytes(alloc.data), f"device bytes of #{h.id}"
         if not self.model.uses:
+            live = sum(not a.released for a in self.model.allocs.values())
+            self.emit(f"assert fake.live_allocations == {live}")
             assert self.model.quiescent_leaks() == []
-            assert self.fake.live_allocations == sum(not a.released for a in self.model.allocs.values())
+            assert self.fake.live_allocations == live, "a freed allocation is still held at quiescence"
+
+    def probe_view(self, k: int, r: HostRange) -> None:
+        """Host bytes are readable exactly when the model says so, and hold the model's bytes."""
+        refused = self.model.view_rejection(self.span(r))
+        if refused is not None:
+            self.emit(f"with pytest.raises({refused.error}):", f"    ring.view(r{k})")
+            try:
+                self.ring.view(r)
+            except BridgeError as e:
+                assert (type(e).__name__, e.rule) == (refused.error, refused.rule), (e, refused)
+            else:
+                raise AssertionError(f"host bytes {r} are readable; the model says {refused}")
+        else:
+            expected = self.model.read_host(self.span(r))
+            self.emit(f"assert bytes(ring.view(r{k})) == {expected!r}")
+            assert bytes(self.ring.view(r)) == expected, f"host bytes of {r}"
 
     def test_source(self) -> str:
         return "\n".join([*SCRIPT_HEADER, *self.script]) + "\n"

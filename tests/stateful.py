@@ -12,7 +12,6 @@ spec's invariants. `COVERAGE` records which compiled spec candidates
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -28,49 +27,16 @@ from devbridge import (
     RangeError,
     TensorViewSpec,
 )
+from devbridge.models.coverage import Coverage
 from devbridge.models.lockstep import Lockstep
 from devbridge.models.reference import Reject
 from devbridge.statemachine import default_table
-from devbridge.statemachine.machine import Step, Table
 
 RING = 384
 index = st.integers(0, 1 << 16)
 fault = st.sampled_from([False, False, False, True])
 mostly = st.sampled_from([True, True, True, False])
 MAX_HANDLES = 3
-
-
-@dataclass
-class Coverage:
-    """Which compiled spec candidates a run exercised, and how many steps it took."""
-
-    table: Table
-    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    steps: int = 0
-    seconds: float = 0.0
-
-    def record(self, state: str, event: str, step: Step) -> None:
-        key = (state, event, self.table.steps[(state, event)].index(step))
-        self.hits[key] = self.hits.get(key, 0) + 1
-
-    def missing(self) -> list[str]:
-        return [
-            self.table.describe(s, e, step) for s, e, i, step in self.table.candidates() if (s, e, i) not in self.hits
-        ]
-
-    def report(self) -> str:
-        candidates = self.table.candidates()
-        transitions = [c for c in candidates if c[3].rule is None]
-        rejections = [c for c in candidates if c[3].rule is not None]
-        rate = self.steps / max(self.seconds, 1e-9)
-        lines = [
-            f"stateful: {self.steps} steps in {self.seconds:.1f} s ({rate:.0f} steps/s)",
-            f"spec transitions covered: {sum((s, e, i) in self.hits for s, e, i, _ in transitions)}/{len(transitions)}",
-            f"spec rejections covered:  {sum((s, e, i) in self.hits for s, e, i, _ in rejections)}/{len(rejections)}",
-        ]
-        for s, e, i, step in candidates:
-            lines.append(f"  {self.hits.get((s, e, i), 0):>7}  {self.table.describe(s, e, step)}")
-        return "\n".join(lines)
 
 
 COVERAGE = Coverage(default_table())

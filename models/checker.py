@@ -1,0 +1,268 @@
+"""An explicit-state, breadth-first bounded model checker over the real implementation.
+
+Every state is reached by a sequence of actions on a fresh `Lockstep` (the
+Bridge over FakeBackend and a HostRing, beside the reference model); a state
+is explored by replaying its path and applying each enabled action. Every
+step is checked against the model (refinement) and every invariant is checked
+in every state. States are deduplicated by a canonical form that forgets
+allocation identities (symmetry), byte values and stream offsets, so two
+states that differ only in which allocation is which are explored once.
+
+Breadth first, the first violation found is a shortest one; it is rendered as
+a runnable pytest test against the public API (`Violation.test_source`).
+
+The bound limits successful allocations, restarts, injected faults, uses in
+flight per allocation, and depth. Within it every interleaving of calls,
+completions (in any order, successful or failed), faults and restarts is
+explored; beyond it nothing is claimed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from devbridge.models.coverage import Coverage
+from devbridge.models.lockstep import Lockstep
+from devbridge.models.reference import Reject
+from devbridge.statemachine import default_table
+from devbridge.types import DeviceRange
+
+Action = tuple[Any, ...]
+EXTENT = 8  # bytes per allocation
+CHUNK = 4  # bytes per copy: each copy reserves a fresh range of this size
+RING = 1 << 16  # large enough never to fill within any bound: stream offsets never matter
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The default reaches every spec transition and rejection (3 uses in flight for the
+    copying_computing self-loops, 2 restarts for stale_pending's) in well under a minute."""
+
+    allocations: int = 2  # successful allocations
+    restarts: int = 2
+    faults: int = 1  # injected failures (alloc, copy, compute) along one path
+    in_flight: int = 3  # uses in flight per allocation (copies, computes, views)
+    depth: int = 6  # actions per path
+
+
+@dataclass
+class Violation:
+    path: tuple[Action, ...]
+    error: str
+    test_source: str
+
+
+@dataclass
+class Report:
+    bound: Bound
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    coverage: Coverage = field(default_factory=lambda: Coverage(default_table(), "checker"))
+    violation: Violation | None = None
+
+    def summary(self) -> str:
+        rate = self.states / max(self.seconds, 1e-9)
+        candidates = self.coverage.table.candidates()
+        hit = self.coverage.hits
+        t = [c for c in candidates if c[3].rule is None]
+        r = [c for c in candidates if c[3].rule is not None]
+        return "\n".join(
+            [
+                f"bound: {self.bound}",
+                f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
+                f"time: {self.seconds:.1f} s   states/s: {rate:.0f}",
+                f"spec transitions covered: {sum((s, e, i) in hit for s, e, i, _ in t)}/{len(t)}   "
+                f"rejections covered: {sum((s, e, i) in hit for s, e, i, _ in r)}/{len(r)}",
+                "violations: "
+                + ("none" if self.violation is None else f"1 (shortest: {len(self.violation.path)} steps)"),
+            ]
+        )
+
+
+# ------------------------------------------------------------ actions
+
+
+def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
+    """Every action the bound allows from this state, in a fixed order."""
+    m = s.model
+    can_fail = (False, True) if faults_used < bound.faults else (False,)
+    actions: list[Action] = []
+    if len(s.handles) < bound.allocations:
+        actions += [("alloc", f) for f in can_fail]
+    for a in range(len(s.handles)):
+        busy = len(m.allocs[a].uses) >= bound.in_flight
+        actions.append(("free", a))
+        if not busy:
+            actions += [("h2d", a, sync, f) for sync in (True, False) for f in can_fail]
+            actions += [("d2h", a, sync, f) for sync in (True, False) for f in can_fail]
+            actions += [("compute", a, f) for f in can_fail]
+            actions.append(("wrap", a))
+        actions += [("raw", a, "copy_end"), ("raw", a, "compute_end"), ("raw", a, "restart")]
+    actions.append(("oob", 0))
+    if m.generation < bound.restarts:
+        actions.append(("restart",))
+    for use in sorted(s.pending):
+        actions += [("complete", use, f) for f in can_fail]
+    actions += [("drop", use) for use in sorted(s.views)]
+    for k, r in enumerate(s.reservations):
+        if set(s.span(r)) <= m.unreleased:
+            actions.append(("release", k))
+    return [a for a in actions if _applies(s, a)]
+
+
+def _applies(s: Lockstep, action: Action) -> bool:
+    """Raw events only where no bridge call would send them (their rejection is the point)."""
+    if action[0] != "raw":
+        return action[0] != "oob" or bool(s.handles)
+    a, event = action[1], action[2]
+    kinds = {s.model.uses[u].kind for u in s.model.allocs[a].uses}
+    if event == "restart":
+        return s.model.state(a) in ("freed", "stale")
+    return not kinds & ({"copy_in", "copy_out"} if event == "copy_end" else {"compute", "view"})
+
+
+def apply(s: Lockstep, action: Action) -> None:
+    kind = action[0]
+    if kind == "alloc":
+        s.alloc(EXTENT, action[1])
+    elif kind == "free":
+        s.free(s.handles[action[1]])
+    elif kind == "h2d":
+        _, a, sync, fails = action
+        r = s.reserve(CHUNK)
+        assert r is not None
+        s.fill(r, bytes(range(len(s.reservations), len(s.reservations) + CHUNK)))
+        s.host_to_device(r, s.handles[a], 0, sync, fails)
+    elif kind == "d2h":
+        _, a, sync, fails = action
+        r = s.reserve(CHUNK)
+        assert r is not None
+        s.device_to_host(s.handles[a], 0, r, sync, fails)
+    elif kind == "compute":
+        s.compute([s.handles[action[1]]], action[2])
+    elif kind == "wrap":
+        s.wrap(s.handles[action[1]], 0, EXTENT)
+    elif kind == "drop":
+        s.drop_view(action[1])
+    elif kind == "complete":
+        s.complete(action[1], action[2])
+    elif kind == "restart":
+        s.restart()
+    elif kind == "release":
+        s.release(s.reservations[action[1]])
+    elif kind == "raw":
+        _, a, event = action
+        h = s.handles[a]
+        core = s.bridge._core
+        code = f"bridge._core.fire({h.id}, {h.generation}, {event!r})"
+        if event == "restart":
+            s.emit(code)
+            core.fire(h.id, h.generation, event)
+        else:
+            s.expect(Reject("LifecycleError", "EVENT-1"), lambda: core.fire(h.id, h.generation, event), code)
+    elif kind == "oob":
+        h = s.handles[action[1]]
+        code = f"DeviceRange(h{h.id}, 0, {h.extent + 1})"
+        s.expect(Reject("RangeError", "RANGE-1"), lambda: DeviceRange(h, 0, h.extent + 1), code)
+    else:
+        raise ValueError(f"unknown action {action}")
+
+
+def faults_in(path: Iterable[Action]) -> int:
+    return sum(1 for a in path if a[0] in ("alloc", "h2d", "d2h", "compute", "complete") and a[-1] is True)
+
+
+def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
+    """The state up to allocation identities, byte values and stream offsets."""
+    m = s.model
+    allocs = []
+    for a, alloc in m.allocs.items():
+        uses = tuple(sorted((m.uses[u].kind, m.uses[u].fails) for u in alloc.uses))
+        allocs.append((m.state(a), m.generation - alloc.generation, alloc.released, uses))
+    leftovers = []
+    for r in s.reservations:
+        span = set(s.span(r))
+        if span & m.unreleased:
+            held = any(use.host is not None and span & set(use.host) for use in m.uses.values())
+            leftovers.append((bool(span & m.failed), held, len(span & m.unreleased)))
+    return (m.generation, faults_used, len(s.views), tuple(sorted(allocs)), tuple(sorted(leftovers)))
+
+
+# ------------------------------------------------------------ search
+
+
+def replay(path: Iterable[Action], record: bool = False, observer: Any = None) -> Lockstep:
+    s = Lockstep(RING, observer=observer, record=record)
+    for action in path:
+        apply(s, action)
+    return s
+
+
+def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] | None = None) -> Report:
+    """Explore every state within `bound`, breadth first. Stops at the first violation.
+    `progress(states, transitions, depth)` is called after each state is expanded."""
+    bound = bound or Bound()
+    report = Report(bound)
+    start = time.perf_counter()
+    initial = replay(())
+    seen = {canonical(initial, 0)}
+    frontier: list[tuple[Action, ...]] = [()]
+    report.states = 1
+    for depth in range(bound.depth):
+        next_frontier: list[tuple[Action, ...]] = []
+        for path in frontier:
+            base = replay(path)
+            used = faults_in(path)
+            for action in enabled(base, bound, used):
+                report.transitions += 1
+                new_path = (*path, action)
+                try:
+                    s = replay(path, observer=report.coverage.record)
+                    apply(s, action)
+                    s.check()
+                except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
+                    report.violation = Violation(new_path, f"{type(e).__name__}: {e}", render(new_path))
+                    report.seconds = time.perf_counter() - start
+                    report.depth = depth + 1
+                    return report
+                key = canonical(s, faults_in(new_path))
+                if key not in seen:
+                    seen.add(key)
+                    next_frontier.append(new_path)
+            if progress is not None:
+                progress(len(seen), report.transitions, depth + 1)
+        if not next_frontier:
+            break
+        report.depth = depth + 1
+        frontier = next_frontier
+    report.states = len(seen)
+    report.coverage.steps = report.transitions
+    report.seconds = time.perf_counter() - start
+    report.coverage.seconds = report.seconds
+    return report
+
+
+def render(path: tuple[Action, ...]) -> str:
+    """The path as a pytest test of the public API, asserting the model's answer after each step."""
+    s = replay((), record=True)
+    try:
+        for action in path:
+            apply(s, action)
+            s.check()
+    except Exception as e:  # the violation itself: the script up to it is the counterexample
+        s.emit(f"# the implementation diverged from the model here: {type(e).__name__}")
+    return s.test_source()
+
+
+def describe(path: Iterable[Action]) -> str:
+    return " -> ".join(":".join(str(x) for x in a) for a in path)
+
+
+def action_mix(path: Iterable[Action]) -> Counter[str]:
+    return Counter(a[0] for a in path)

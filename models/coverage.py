@@ -1,0 +1,41 @@
+"""Which compiled spec candidates (transitions and rejections) a run exercised."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from devbridge.statemachine.machine import Step, Table
+
+
+@dataclass
+class Coverage:
+    """Which compiled spec candidates a run exercised, and how many steps it took."""
+
+    table: Table
+    label: str = "stateful"
+    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    steps: int = 0
+    seconds: float = 0.0
+
+    def record(self, state: str, event: str, step: Step) -> None:
+        key = (state, event, self.table.steps[(state, event)].index(step))
+        self.hits[key] = self.hits.get(key, 0) + 1
+
+    def missing(self) -> list[str]:
+        return [
+            self.table.describe(s, e, step) for s, e, i, step in self.table.candidates() if (s, e, i) not in self.hits
+        ]
+
+    def report(self) -> str:
+        candidates = self.table.candidates()
+        transitions = [c for c in candidates if c[3].rule is None]
+        rejections = [c for c in candidates if c[3].rule is not None]
+        rate = self.steps / max(self.seconds, 1e-9)
+        lines = [
+            f"{self.label}: {self.steps} steps in {self.seconds:.1f} s ({rate:.0f} steps/s)",
+            f"spec transitions covered: {sum((s, e, i) in self.hits for s, e, i, _ in transitions)}/{len(transitions)}",
+            f"spec rejections covered:  {sum((s, e, i) in self.hits for s, e, i, _ in rejections)}/{len(rejections)}",
+        ]
+        for s, e, i, step in candidates:
+            lines.append(f"  {self.hits.get((s, e, i), 0):>7}  {self.table.describe(s, e, step)}")
+        return "\n".join(lines)
