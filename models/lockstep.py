@@ -261,7 +261,7 @@ class Lockstep:
         self.cursor = self.ring.cursor
         for k, r in enumerate(self.reservations):
             released = not set(self.span(r)) & self.model.unreleased
-            self.emit(f"assert ring.released(r{k}) == {released}")
+            self.emit(f"assert ring.released(r{k}) is {released}")
             assert self.ring.released(r) == released, f"release status of {r}"
             if not released and set(self.span(r)) <= self.model.unreleased:
                 self.probe_view(k, r)
