@@ -92,9 +92,11 @@ class Bridge:
 
     # ------------------------------------------------------------ copies
 
-    def host_to_device(self, src: HostRange, dst: DeviceRange, *, sync: bool = True) -> CopyEvent:
+    def host_to_device(self, src: HostRange, dst: DeviceRange, *, sync: bool = True, release: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst`. The host bytes are released on return
-        (sync) or when the event completes (async); never after a failure."""
+        (sync) or when the event completes (async); never after a failure. With
+        release=False they are only safe to release then, and the worker releases them
+        itself (a worker that must survive restarts keeps its inputs until delivered)."""
         with self._lock:
             self._drain_views()
             self._check_copy(src, dst, "H2D-1")
@@ -104,7 +106,7 @@ class Bridge:
             except BackendError as e:
                 self._counts["copy_failures"] += 1
                 raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
-            use = self._core.begin("copy_in", [(dst.handle.id, dst.handle.generation)], host=src)
+            use = self._core.begin("copy_in", [(dst.handle.id, dst.handle.generation)], host=src, keep_host=not release)
             src.ring.begin_read(src)
             self._counts["copies_in"] += 1
             self._counts["bytes_in"] += src.nbytes

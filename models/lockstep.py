@@ -168,14 +168,19 @@ class Lockstep:
             self.emit(code)
         self.expect(outcome, lambda: self.ring.release(r), code)
 
-    def host_to_device(self, src: HostRange, h: DeviceHandle, d_off: int, sync: bool, fails: bool) -> None:
-        outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails)
+    def host_to_device(
+        self, src: HostRange, h: DeviceHandle, d_off: int, sync: bool, fails: bool, release: bool = True
+    ) -> None:
+        outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails, release)
         if fails and not isinstance(outcome, Reject):  # the call reaches the backend: arm the fault
             self.fake.fail_next("copy_in")
             self.emit('fake.fail_next("copy_in")')
         dst = DeviceRange(h, d_off, src.nbytes)
-        code = f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), sync={sync})"
-        self._copy(outcome, lambda: self.bridge.host_to_device(src, dst, sync=sync), code)
+        code = (
+            f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), "
+            f"sync={sync}, release={release})"
+        )
+        self._copy(outcome, lambda: self.bridge.host_to_device(src, dst, sync=sync, release=release), code)
 
     def device_to_host(self, h: DeviceHandle, d_off: int, dst: HostRange, sync: bool, fails: bool) -> None:
         outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails)

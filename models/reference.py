@@ -47,6 +47,7 @@ class Use:
     host: range | None = None  # stream bytes read (copy_in) or written (copy_out)
     device_offset: int = 0
     fails: bool = False  # an injected fault: fails when the backend finishes it
+    release: bool = True  # an input copy's bytes are released by the bridge (else by the worker)
 
 
 class ReferenceModel:
@@ -160,7 +161,9 @@ class ReferenceModel:
         self._release_if_done(a)
         return None
 
-    def host_to_device(self, src: range, a: int, offset: int, sync: bool, fails: bool) -> int | Reject | Fail:
+    def host_to_device(
+        self, src: range, a: int, offset: int, sync: bool, fails: bool, release: bool = True
+    ) -> int | Reject | Fail:
         if rejected := self._use_rejection(a):
             return rejected
         if not self._in_one_reservation(src) or set(src) & self._pending("copy_out"):
@@ -169,7 +172,7 @@ class ReferenceModel:
             return Reject("OutputNotReadyError", "D2H-3")
         if sync and fails:
             return Fail("DeviceCopyError", "COPY-F")  # the host bytes stay unreleased for a retry
-        return self._begin(Use("copy_in", [a], self.generation, src, offset, fails), sync)
+        return self._begin(Use("copy_in", [a], self.generation, src, offset, fails, release), sync)
 
     def device_to_host(self, a: int, offset: int, dst: range, sync: bool, fails: bool) -> int | Reject | Fail:
         if rejected := self._use_rejection(a):
@@ -210,7 +213,7 @@ class ReferenceModel:
         if use.kind == "copy_in" and not failed:
             assert use.host is not None
             alloc.data[use.device_offset : use.device_offset + len(use.host)] = self.read_host(use.host)
-            if not aborted:
+            if not aborted and use.release:
                 self.unreleased -= set(use.host) - self._pending("copy_in")
         if use.kind == "copy_out":
             assert use.host is not None

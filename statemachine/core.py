@@ -51,6 +51,7 @@ class InFlight:
     allocations: tuple[int, ...]
     host: Any  # the HostRange a copy reads or writes; None for compute and views
     generation: int
+    keep_host: bool = False  # an input copy whose host bytes the worker releases itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ class Effects:
     """What the Bridge must do after a use ends.
 
     `host_ok` says whether the host range's side effect happened: for an input
-    copy the bytes may be released, for an output copy they are valid.
+    copy the bridge releases the bytes (unless the worker keeps them), for an
+    output copy they are valid.
     `error_rule` is set when the use failed (COPY-F, COMPUTE-F) or was
     aborted by a restart (GEN-1).
     """
@@ -144,14 +146,16 @@ class LifecycleCore:
         self._next_allocation += 1
         return record
 
-    def begin(self, kind: str, handles: Iterable[tuple[int, int]], host: Any = None) -> InFlight:
+    def begin(
+        self, kind: str, handles: Iterable[tuple[int, int]], host: Any = None, keep_host: bool = False
+    ) -> InFlight:
         """Record a use of each distinct handle, all or nothing."""
         unique = tuple(dict.fromkeys(handles))
         event = USE_EVENTS[kind][0]
         self.check(unique, event)
         for alloc_id, generation in unique:
             self.fire(alloc_id, generation, event)
-        use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation)
+        use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation, keep_host)
         self._inflight[use.id] = use
         self._next_use += 1
         return use
@@ -165,7 +169,7 @@ class LifecycleCore:
         release = tuple(r for a in use.allocations if (r := self.fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation
         error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
-        return Effects(release, use, ok and not aborted, error)
+        return Effects(release, use, ok and not aborted and not use.keep_host, error)
 
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
         """free_device: the record to release now, or None when the free is deferred."""

@@ -117,10 +117,12 @@ class BridgeMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ copies, compute, views
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly)
-    def host_to_device(self, i: int, off: int, n: int, h: int, dev: int, sync: bool, fails: bool, live: bool) -> None:
+    @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly, keep=fault)
+    def host_to_device(
+        self, i: int, off: int, n: int, h: int, dev: int, sync: bool, fails: bool, live: bool, keep: bool = False
+    ) -> None:
         handle, src, d_off = self.copy_ranges(h, i, off, dev, n, live)
-        self.s.host_to_device(src, handle, d_off, sync, fails)
+        self.s.host_to_device(src, handle, d_off, sync, fails, release=not keep)
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
     @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly)

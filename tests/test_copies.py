@@ -276,3 +276,22 @@ def test_copies_between_ranges_of_different_sizes_are_rejected(
         bridge.device_to_host(DeviceRange(h, 0, 8), out.sub(0, 4))  # would spill past the host range
     assert e.value.rule == "D2H-1"
     assert snapshot(bridge, fake, ring, [h]) == before and bytes(ring.view(out)) == b"y" * 8
+
+
+@pytest.mark.holds("H2D-3")
+def test_kept_input_is_released_by_the_worker_only_after_completion(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"keep me!")
+    ev = bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False, release=False)
+    with pytest.raises(RangeError, match=r"\[H2D-3\]"):
+        ring.release(src)  # still read by the copy
+    fake.complete(ev)
+    assert ev.done() and not ring.released(src)  # safe to release now, but the worker decides
+    bridge.restart()  # e.g. a restart before the object was delivered: its input is still there
+    h2 = bridge.alloc_device(U8, 8)
+    bridge.host_to_device(src, DeviceRange(h2, 0, 8), release=False)
+    assert read_device(bridge, ring, h2, 0, 8) == b"keep me!"
+    ring.release(src)
+    assert ring.released(src) and ring.cursor == ring.head
