@@ -8,6 +8,7 @@ backend does its work, and the event reports failure when it is done.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,12 +19,23 @@ FAULTABLE = ("alloc", "copy_in", "copy_out", "compute", "view")
 
 
 class FaultyBackend:
-    def __init__(self, inner: Backend) -> None:
+    def __init__(
+        self,
+        inner: Backend,
+        rate: float = 0.0,
+        seed: int = 0,
+        random_ops: tuple[str, ...] = ("alloc", "copy_in", "copy_out"),
+    ) -> None:
+        """`rate`: besides the faults a test arms, fail each call of `random_ops` with this probability."""
         self.inner = inner
         self.name = f"faulty({inner.name})"
         self.ops: list[str] = []
+        self.injected: Counter[str] = Counter()  # faults that fired, by op
+        self.rate, self.random_ops = rate, random_ops
+        self._rng = random.Random(seed)
         self._faults: Counter[str] = Counter()
-        self._failing: set[int] = set()  # id() of tokens that must report failure
+        # tokens that must report failure, by id(); held so that no later token reuses the id
+        self._failing: dict[int, object] = {}
 
     def fail_next(self, op: str, times: int = 1) -> None:
         if op not in FAULTABLE:
@@ -34,8 +46,10 @@ class FaultyBackend:
         self.ops.append(op)
         if self._faults[op] > 0:
             self._faults[op] -= 1
-            return True
-        return False
+        elif not (self.rate and op in self.random_ops and self._rng.random() < self.rate):
+            return False
+        self.injected[op] += 1
+        return True
 
     def begin_generation(self, generation: int) -> None:
         self.inner.begin_generation(generation)
@@ -81,7 +95,7 @@ class FaultyBackend:
             raise BackendError("injected: synchronous failure")
         token = call()
         if fail:
-            self._failing.add(id(token))
+            self._failing[id(token)] = token
         return token
 
     def __getattr__(self, name: str) -> Any:

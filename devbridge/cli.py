@@ -33,6 +33,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check.add_argument(f"--{name}", type=int, default=default, help=f"{meaning} (default {default})")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
     check.add_argument("--test-out", default=None, help="write the counterexample test to this file")
+    demo = commands.add_parser("demo", help="run the reference worker over synthetic objects")
+    demo.add_argument("--objects", type=int, default=1500, help="synthetic objects (default 1500: about 10 s here)")
+    demo.add_argument("--backend", choices=("fake", "tinygrad"), default="tinygrad")
+    demo.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default, CPU here)")
+    demo.add_argument("--faults", type=float, default=0.0, help="probability of an injected alloc/copy failure")
+    demo.add_argument("--restart-every", type=int, default=0, help="restart the worker every K delivered objects")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument("--no-progress", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["docs"]:
         from devbridge.docs import main as docs_main
@@ -41,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "demo":
+        return run_demo_command(args)
 
     from devbridge.example import run_example
 
@@ -89,6 +100,36 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         print("\n" + report.violation.test_source)
     return 1
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from devbridge.worker import run_demo
+
+    with tqdm(total=args.objects, unit=" objects", disable=args.no_progress or args.json, leave=False) as bar:
+
+        def progress(done: int) -> None:
+            bar.update(done - bar.n)
+
+        summary = run_demo(
+            args.objects, args.backend, args.device, args.faults, args.restart_every, args.seed, progress
+        )
+    clean = summary.clean and summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
+    if args.json:
+        print(json.dumps({**asdict(summary), "clean": clean}))
+    else:
+        s = summary
+        print(
+            f"backend {s.backend}: {s.delivered}/{s.objects} objects in {s.seconds:.1f} s "
+            f"({s.objects_per_s:.0f} objects/s)\n"
+            f"bytes in {s.bytes_in} ({s.gb_per_s_in:.4f} GB/s)  bytes out {s.bytes_out} ({s.gb_per_s_out:.4f} GB/s)\n"
+            f"peak live allocations {s.peak_live_allocations}  deferred frees {s.deferred_frees}\n"
+            f"faults injected {s.faults_injected}, recovered {s.faults_recovered}  restarts {s.restarts}\n"
+            f"unreleased bytes: input ring {s.unreleased_input_bytes}, output ring {s.unreleased_output_bytes}\n"
+            f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
+        )
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

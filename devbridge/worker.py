@@ -1,0 +1,403 @@
+"""The reference worker: input HostRing -> Bridge -> a tinygrad MLP on zero-copy views -> output HostRing.
+
+A producer thread fills the input ring with objects and blocks only when it
+is full. The worker keeps a window of objects in flight, each moving through
+alloc -> upload (async host_to_device) -> compute (tinygrad on views) ->
+download (async device_to_host) -> delivered, so the upload of object k+1
+overlaps the compute of object k. The MLP's weights are uploaded once per
+generation under their own role.
+
+No object is lost: inputs are copied with `release=False` and released only
+once the object's output is delivered, so a failed or restart-aborted copy
+is retried in the new generation from the same host bytes; outputs are
+verified against numpy and counted per object, so a duplicate or a wrong
+answer is caught.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devbridge.backends.base import Backend
+from devbridge.backends.fake import FakeBackend
+from devbridge.backends.faulty import FaultyBackend
+from devbridge.bridge import Bridge
+from devbridge.errors import BridgeError, DeviceAllocationError, RingFullError
+from devbridge.events import Event
+from devbridge.ring import HostRing
+from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+
+
+@dataclass(frozen=True)
+class Shapes:
+    rows: int = 16
+    d_in: int = 64
+    hidden: int = 64
+    d_out: int = 32
+
+
+@dataclass
+class Summary:
+    objects: int
+    delivered: int
+    lost: int
+    duplicated: int
+    wrong: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    objects_per_s: float
+    gb_per_s_in: float
+    gb_per_s_out: float
+    peak_live_allocations: int
+    deferred_frees: int
+    faults_injected: int
+    faults_recovered: int
+    restarts: int
+    unreleased_input_bytes: int
+    unreleased_output_bytes: int
+    backend: str
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == self.duplicated == self.wrong == 0 and self.delivered == self.objects
+
+
+def make_input(seed: int, k: int, shapes: Shapes) -> np.ndarray[Any, np.dtype[np.float32]]:
+    return np.random.default_rng((seed, k)).standard_normal((shapes.rows, shapes.d_in), dtype=np.float32)
+
+
+def make_weights(seed: int, shapes: Shapes) -> dict[str, np.ndarray[Any, np.dtype[np.float32]]]:
+    rng = np.random.default_rng((seed, 1 << 40))  # a stream no object index reaches
+    scale = np.float32(1 / np.sqrt(shapes.d_in))
+    return {
+        "w1": rng.standard_normal((shapes.d_in, shapes.hidden), dtype=np.float32) * scale,
+        "b1": rng.standard_normal((1, shapes.hidden), dtype=np.float32),
+        "w2": rng.standard_normal((shapes.hidden, shapes.d_out), dtype=np.float32) * scale,
+        "b2": rng.standard_normal((1, shapes.d_out), dtype=np.float32),
+    }
+
+
+def reference_mlp(x: np.ndarray[Any, Any], w: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    result: np.ndarray[Any, Any] = np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"] + w["b2"]
+    return result
+
+
+@dataclass
+class Job:
+    k: int
+    src: HostRange
+    x: DeviceHandle | None = None
+    y: DeviceHandle | None = None
+    out: HostRange | None = None
+    stage: str = "alloc"
+    event: Event | None = None
+    old: list[Event] = field(default_factory=list)  # events of an older generation still on the device
+
+
+class Producer(threading.Thread):
+    """Writes objects into the input ring; blocks only while the ring is full."""
+
+    def __init__(self, ring: HostRing, objects: int, seed: int, shapes: Shapes, space: threading.Condition) -> None:
+        super().__init__(daemon=True, name="devbridge-producer")
+        self.ring, self.objects, self.seed, self.shapes, self.space = ring, objects, seed, shapes, space
+        self.ready: queue.Queue[tuple[int, HostRange]] = queue.Queue()
+        self.blocked_s = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        nbytes = self.shapes.rows * self.shapes.d_in * 4
+        for k in range(self.objects):
+            while True:
+                try:
+                    r = self.ring.reserve(nbytes)
+                    break
+                except RingFullError:
+                    start = time.perf_counter()
+                    with self.space:
+                        self.space.wait(0.05)
+                    self.blocked_s += time.perf_counter() - start
+                    if self.stop.is_set():
+                        return
+            self.ring.view(r)[:] = make_input(self.seed, k, self.shapes).tobytes()
+            self.ready.put((k, r))
+
+
+class Worker:
+    def __init__(
+        self,
+        backend: Backend,
+        objects: int,
+        *,
+        seed: int = 0,
+        shapes: Shapes = Shapes(),  # frozen
+        window: int = 4,
+        ring_objects: int = 8,
+        restart_every: int = 0,
+        pump: Callable[[], None] | None = None,
+    ) -> None:
+        self.backend, self.objects, self.seed, self.shapes = backend, objects, seed, shapes
+        self.window, self.restart_every = window, restart_every
+        self.pump = pump or (lambda: None)
+        self.bridge = Bridge(backend)
+        self.in_bytes = shapes.rows * shapes.d_in * 4
+        self.out_bytes = shapes.rows * shapes.d_out * 4
+        self.inputs = HostRing(ring_objects * self.in_bytes)
+        self.outputs = HostRing(ring_objects * self.out_bytes)
+        self.space = threading.Condition()
+        self.weights_np = make_weights(seed, shapes)
+        self.expected: dict[int, np.ndarray[Any, Any]] = {}
+        self.delivered: Counter[int] = Counter()
+        self.wrong = 0
+        self.failures_retried = 0
+        self.restarts = 0
+        self.peak_live = 0
+        self.jobs: list[Job] = []
+        self.x_view = TensorViewSpec((shapes.rows, shapes.d_in), "float32")
+        self.y_view = TensorViewSpec((shapes.rows, shapes.d_out), "float32")
+        self.x_spec = ObjectSpec("x", "float32", role="input", view=self.x_view)
+        self.y_spec = ObjectSpec("y", "float32", role="output", view=self.y_view)
+        self.weights: dict[str, Any] = {}  # name -> live view of the uploaded weight
+        self.weight_handles: list[DeviceHandle] = []
+        self.weight_ring = HostRing(sum(w.nbytes for w in self.weights_np.values()))
+        self.weight_src = {}
+        for name, w in self.weights_np.items():
+            r = self.weight_ring.reserve(w.nbytes)
+            self.weight_ring.view(r)[:] = w.tobytes()
+            self.weight_src[name] = r
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        producer = Producer(self.inputs, self.objects, self.seed, self.shapes, self.space)
+        producer.start()
+        self.upload_weights()
+        since_restart = 0
+        try:
+            while sum(self.delivered.values()) < self.objects or self.jobs:
+                self.pump()
+                self.bridge.poll()
+                while len(self.jobs) < self.window:
+                    try:
+                        k, src = producer.ready.get(timeout=0 if self.jobs else 0.05)
+                    except queue.Empty:
+                        break
+                    self.expected[k] = reference_mlp(make_input(self.seed, k, self.shapes), self.weights_np)
+                    self.jobs.append(Job(k, src))
+                before = sum(self.delivered.values())
+                for job in list(self.jobs):
+                    self.step(job)
+                done = sum(self.delivered.values())
+                since_restart += done - before
+                if progress is not None and done != before:
+                    progress(done)
+                self.peak_live = max(self.peak_live, self.bridge.stats()["live_allocations"])
+                if self.restart_every and since_restart >= self.restart_every and self.jobs:
+                    self.restart()
+                    since_restart = 0
+                if not self.jobs and producer.ready.empty() and not producer.is_alive():
+                    break
+        finally:
+            producer.stop.set()
+            producer.join(timeout=5)
+
+    def upload_weights(self) -> None:
+        """The MLP's weights, once per generation, under their own role; their views live as long."""
+        self.weights.clear()
+        self.weight_handles.clear()
+        for name, w in self.weights_np.items():
+            handle = self.retry(self.bridge.alloc_device, ObjectSpec(name, "float32", role="weights"), w.nbytes)
+            src = self.weight_src[name]
+            self.retry(self.upload_weight, src, DeviceRange(handle, 0, src.nbytes))
+            self.weight_handles.append(handle)
+            self.weights[name] = self.bridge.wrap_for_tinygrad(handle, TensorViewSpec(w.shape, "float32"))
+
+    def upload_weight(self, src: HostRange, dst: DeviceRange) -> None:
+        self.bridge.host_to_device(src, dst, release=False)  # kept: uploaded again after a restart
+
+    def retry(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Call until it does not fail with an injected allocation or copy failure."""
+        while True:
+            try:
+                return call(*args)
+            except BridgeError as e:
+                if e.rule not in ("ALLOC-2", "COPY-F"):
+                    raise
+                self.failures_retried += 1
+
+    def restart(self) -> None:
+        """Restart mid-flight: every job starts over in the new generation from its kept input."""
+        self.weights.clear()  # old views must go: they pin old memory
+        self.bridge.restart()
+        self.restarts += 1
+        for job in self.jobs:
+            if job.event is not None and not job.event.done():
+                job.old.append(job.event)
+            job.x = job.y = None
+            job.event = None
+            job.stage = "alloc"
+        self.upload_weights()
+
+    # ------------------------------------------------------------ one object
+
+    def step(self, job: Job) -> None:
+        if job.old:
+            job.old = [e for e in job.old if not e.done()]
+            if job.old:
+                return  # an aborted copy still uses this job's host bytes
+        if job.stage == "alloc":
+            try:
+                job.x = job.x or self.bridge.alloc_device(self.x_spec, self.in_bytes)
+                job.y = job.y or self.bridge.alloc_device(self.y_spec, self.out_bytes)
+            except DeviceAllocationError:
+                self.failures_retried += 1
+                return
+            self.upload(job)
+        elif job.stage == "upload" and self.settled(job):
+            self.compute(job)
+        elif job.stage == "compute" and self.settled(job):
+            self.download(job)
+        elif job.stage == "download" and job.out is not None and self.settled(job):
+            self.deliver(job)
+
+    def settled(self, job: Job) -> bool:
+        """The job's event is done; on a failure the stage is retried (and False returned)."""
+        assert job.event is not None
+        if not job.event.done():
+            return False
+        if job.event.error is None:
+            return True
+        self.failures_retried += 1
+        {"upload": self.upload, "compute": self.compute, "download": self.download}[job.stage](job)
+        return False
+
+    def upload(self, job: Job) -> None:
+        assert job.x is not None
+        try:
+            job.event = self.bridge.host_to_device(
+                job.src, DeviceRange(job.x, 0, self.in_bytes), sync=False, release=False
+            )
+        except BridgeError as e:
+            if e.rule != "COPY-F":
+                raise
+            self.failures_retried += 1
+            return
+        job.stage = "upload"
+
+    def compute(self, job: Job) -> None:
+        assert job.x is not None and job.y is not None
+        w = self.weights
+        with self.bridge.compute(job.x, job.y, *self.weight_handles) as event:
+            xv = self.bridge.wrap_for_tinygrad(job.x, self.x_view)
+            yv = self.bridge.wrap_for_tinygrad(job.y, self.y_view)
+            yv.assign(((xv @ w["w1"] + w["b1"]).relu() @ w["w2"]) + w["b2"]).realize()
+            del xv, yv  # views pin their allocations while they live
+        self.bridge.free_device(job.x)  # deferred until the compute event completes
+        job.x = None
+        job.event = event
+        job.stage = "compute"
+
+    def download(self, job: Job) -> None:
+        assert job.y is not None
+        if job.out is None:
+            try:
+                job.out = self.outputs.reserve(self.out_bytes)
+            except RingFullError:
+                return  # the output ring drains as objects are delivered
+        try:
+            job.event = self.bridge.device_to_host(DeviceRange(job.y, 0, self.out_bytes), job.out, sync=False)
+        except BridgeError as e:
+            if e.rule != "COPY-F":
+                raise
+            self.failures_retried += 1
+            return
+        job.stage = "download"
+
+    def deliver(self, job: Job) -> None:
+        assert job.out is not None and job.y is not None
+        got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(self.shapes.rows, self.shapes.d_out)
+        if not np.allclose(got, self.expected.pop(job.k), rtol=1e-4, atol=1e-4):
+            self.wrong += 1
+        self.delivered[job.k] += 1
+        self.outputs.release(job.out)  # the consumer took it
+        self.inputs.release(job.src)  # the object is done: its input may go
+        with self.space:
+            self.space.notify_all()
+        self.bridge.free_device(job.y)
+        self.jobs.remove(job)
+
+    # ------------------------------------------------------------ results
+
+    def summary(self, seconds: float, backend_name: str) -> Summary:
+        stats = self.bridge.stats()
+        delivered = len(self.delivered)
+        injected = sum(self.backend.injected.values()) if isinstance(self.backend, FaultyBackend) else 0
+        return Summary(
+            objects=self.objects,
+            delivered=delivered,
+            lost=self.objects - delivered,
+            duplicated=sum(n - 1 for n in self.delivered.values() if n > 1),
+            wrong=self.wrong,
+            bytes_in=delivered * self.in_bytes,
+            bytes_out=delivered * self.out_bytes,
+            seconds=seconds,
+            objects_per_s=delivered / seconds,
+            gb_per_s_in=delivered * self.in_bytes / seconds / 1e9,
+            gb_per_s_out=delivered * self.out_bytes / seconds / 1e9,
+            peak_live_allocations=self.peak_live,
+            deferred_frees=stats["deferred_frees"],
+            faults_injected=injected,
+            faults_recovered=self.failures_retried,
+            restarts=self.restarts,
+            unreleased_input_bytes=self.inputs.head - self.inputs.cursor,
+            unreleased_output_bytes=self.outputs.head - self.outputs.cursor,
+            backend=backend_name,
+        )
+
+
+def fake_pump(fake: FakeBackend, seed: int) -> Callable[[], None]:
+    """The fake device's progress: each tick it finishes a random part of its pending work, in any order."""
+    rng = random.Random(seed)
+
+    def pump() -> None:
+        pending = fake.pending()
+        rng.shuffle(pending)
+        for event in pending[: max(1, len(pending) * 2 // 3)]:
+            fake.complete(event)
+
+    return pump
+
+
+def run_demo(
+    objects: int = 1500,
+    backend: str = "tinygrad",
+    device: str | None = None,
+    faults: float = 0.0,
+    restart_every: int = 0,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> Summary:
+    inner: Backend
+    pump: Callable[[], None] | None = None
+    if backend == "fake":
+        fake = FakeBackend()
+        inner, pump = fake, fake_pump(fake, seed)
+    else:
+        from devbridge.backends.tinygrad import TinygradBackend
+
+        inner = TinygradBackend(device)
+    wrapped = FaultyBackend(inner, rate=faults, seed=seed) if faults else inner
+    worker = Worker(wrapped, objects, seed=seed, restart_every=restart_every, pump=pump)
+    start = time.perf_counter()
+    worker.run(progress)
+    name = backend if backend == "fake" else f"tinygrad:{getattr(inner, 'device', device)}"
+    return worker.summary(time.perf_counter() - start, name)

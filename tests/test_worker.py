@@ -1,0 +1,62 @@
+"""The reference worker and `devbridge demo`: every object delivered exactly once, right, under faults and restarts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devbridge import worker as worker_module
+from devbridge.cli import main
+from devbridge.worker import Producer, run_demo
+
+
+@pytest.mark.parametrize("backend", ["fake", "tinygrad"])
+def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str) -> None:
+    summary = run_demo(objects=60, backend=backend, faults=0.1, restart_every=15, seed=3)
+    assert (summary.delivered, summary.lost, summary.duplicated, summary.wrong) == (60, 0, 0, 0)
+    assert summary.restarts >= 3 and summary.faults_injected > 0
+    assert summary.faults_recovered > 0
+    assert summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
+    assert (summary.bytes_in, summary.bytes_out) == (60 * 16 * 64 * 4, 60 * 16 * 32 * 4)
+    assert summary.clean
+
+
+def test_on_the_fake_device_frees_are_deferred_behind_compute() -> None:
+    summary = run_demo(objects=20, backend="fake", seed=1)
+    assert summary.clean and summary.deferred_frees >= 20  # x is freed while its compute is pending
+    assert summary.peak_live_allocations <= 4 + 2 * 4  # weights + a window of 4 objects (x and y)
+
+
+def test_cli_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["demo", "--objects", "12", "--backend", "fake", "--faults", "0.05", "--restart-every", "5", "--json"])
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["objects"], summary["lost"], summary["duplicated"], summary["wrong"], summary["clean"]) == (
+        12, 0, 0, 0, True,
+    )  # fmt: skip
+
+
+def test_demo_exits_non_zero_on_a_wrong_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = worker_module.reference_mlp
+    monkeypatch.setattr(worker_module, "reference_mlp", lambda x, w: reference(x, w) + 1)
+    assert main(["demo", "--objects", "3", "--backend", "fake", "--no-progress"]) == 1
+    assert "wrong: 3" in capsys.readouterr().out
+
+
+def test_demo_exits_non_zero_when_an_object_is_lost(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Producer.run
+
+    def lossy(self: Producer) -> None:
+        self.objects -= 1  # the producer drops the last object on the floor
+        run(self)
+
+    monkeypatch.setattr(Producer, "run", lossy)
+    assert main(["demo", "--objects", "4", "--backend", "fake", "--no-progress"]) == 1
+    assert "lost: 1" in capsys.readouterr().out
