@@ -63,6 +63,8 @@ class Summary:
     faults_injected: int
     faults_recovered: int
     restarts: int
+    overlapped_computes: int  # computes issued while another object's upload was in flight
+    producer_blocked_s: float  # time the producer waited for ring space
     unreleased_input_bytes: int
     unreleased_output_bytes: int
     backend: str
@@ -160,6 +162,8 @@ class Worker:
         self.wrong = 0
         self.failures_retried = 0
         self.restarts = 0
+        self.overlapped = 0
+        self.producer_blocked_s = 0.0
         self.peak_live = 0
         self.jobs: list[Job] = []
         self.x_view = TensorViewSpec((shapes.rows, shapes.d_in), "float32")
@@ -209,6 +213,7 @@ class Worker:
         finally:
             producer.stop.set()
             producer.join(timeout=5)
+            self.producer_blocked_s = producer.blocked_s
 
     def upload_weights(self) -> None:
         """The MLP's weights, once per generation, under their own role; their views live as long."""
@@ -296,6 +301,8 @@ class Worker:
     def compute(self, job: Job) -> None:
         assert job.x is not None and job.y is not None
         w = self.weights
+        uploading = (j for j in self.jobs if j is not job and j.stage == "upload")
+        self.overlapped += any(j.event is not None and not j.event.done() for j in uploading)
         with self.bridge.compute(job.x, job.y, *self.weight_handles) as event:
             xv = self.bridge.wrap_for_tinygrad(job.x, self.x_view)
             yv = self.bridge.wrap_for_tinygrad(job.y, self.y_view)
@@ -358,6 +365,8 @@ class Worker:
             faults_injected=injected,
             faults_recovered=self.failures_retried,
             restarts=self.restarts,
+            overlapped_computes=self.overlapped,
+            producer_blocked_s=self.producer_blocked_s,
             unreleased_input_bytes=self.inputs.head - self.inputs.cursor,
             unreleased_output_bytes=self.outputs.head - self.outputs.cursor,
             backend=backend_name,

@@ -25,6 +25,7 @@ def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str) -> No
 def test_on_the_fake_device_frees_are_deferred_behind_compute() -> None:
     summary = run_demo(objects=20, backend="fake", seed=1)
     assert summary.clean and summary.deferred_frees >= 20  # x is freed while its compute is pending
+    assert summary.overlapped_computes > 0  # the upload of a later object was in flight meanwhile
     assert summary.peak_live_allocations <= 4 + 2 * 4  # weights + a window of 4 objects (x and y)
 
 
