@@ -28,7 +28,6 @@ from devbridge.backends.base import OK, PENDING, BackendError, Status
 GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
-OPS = ("alloc", "free", "copy_in", "copy_out", "compute", "view")
 FAULTABLE = ("alloc", "copy_in", "copy_out", "compute", "view")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from devbridge.errors import InvalidSpecError, InvalidViewError, RangeError
 
@@ -149,6 +149,3 @@ class HostRange:
         if offset + nbytes > self.nbytes:
             raise RangeError("RANGE-1", f"sub-range [{offset}, {offset + nbytes}) exceeds {self.nbytes} bytes")
         return HostRange(self.ring, self.start + offset, nbytes)
-
-    def overlaps(self, other: Any) -> bool:
-        return bool(self.ring is other.ring and self.start < other.end and other.start < self.end)

@@ -20,7 +20,6 @@ explored; beyond it nothing is claimed.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,7 +261,3 @@ def render(path: tuple[Action, ...]) -> str:
 
 def describe(path: Iterable[Action]) -> str:
     return " -> ".join(":".join(str(x) for x in a) for a in path)
-
-
-def action_mix(path: Iterable[Action]) -> Counter[str]:
-    return Counter(a[0] for a in path)

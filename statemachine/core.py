@@ -120,9 +120,6 @@ class LifecycleCore:
         """The uses in flight that the allocation's memory must outlive."""
         return [u for u in self._inflight.values() if alloc_id in u.allocations]
 
-    def use(self, use_id: int) -> InFlight | None:
-        return self._inflight.get(use_id)
-
     # ------------------------------------------------------------ decisions
 
     def check(self, handles: Iterable[tuple[int, int]], event: str) -> None:
