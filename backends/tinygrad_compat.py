@@ -38,16 +38,25 @@ def allocate(device: str, nbytes: int) -> Buffer:
     return Buffer(device, nbytes, dtypes.uint8).allocate()
 
 
+def _raw_range(buffer: Buffer, offset: int, nbytes: int) -> Any:
+    """The allocator's handle on `nbytes` bytes at `offset`: the buffer itself when whole,
+    the allocator's cheap `_offset` where it has one, else a tinygrad sub-buffer view."""
+    if offset == 0 and nbytes == buffer.nbytes:
+        return buffer._buf
+    try:
+        return buffer.allocator._offset(buffer._buf, nbytes, offset)
+    except NotImplementedError:
+        return buffer.view(nbytes, dtypes.uint8, offset).ensure_allocated()._buf
+
+
 def copy_in(buffer: Buffer, offset: int, src: memoryview) -> None:
     """Host -> device, synchronous (the allocator waits for queued work first)."""
-    sub = buffer.view(len(src), dtypes.uint8, offset).ensure_allocated()
-    buffer.allocator._copyin(sub._buf, src)
+    buffer.allocator._copyin(_raw_range(buffer, offset, len(src)), src)
 
 
 def copy_out(dst: memoryview, buffer: Buffer, offset: int) -> None:
     """Device -> host, synchronous (the allocator waits for queued work first)."""
-    sub = buffer.view(len(dst), dtypes.uint8, offset).ensure_allocated()
-    buffer.allocator._copyout(dst, sub._buf)
+    buffer.allocator._copyout(dst, _raw_range(buffer, offset, len(dst)))
 
 
 def host_bytes(buffer: Buffer) -> memoryview | None:
