@@ -46,8 +46,11 @@ class State:
 
     def admits(self, copies: int, computes: int) -> bool:
         """Whether these counters are allowed in this state (the `where` invariant)."""
-        values = {"copies": copies, "computes": computes, "uses": copies + computes}
-        return all(_holds(pred, values[key]) for key, pred in self.where.items())
+        for key, pred in self.where.items():
+            value = copies if key == "copies" else computes if key == "computes" else copies + computes
+            if not _holds(pred, value):
+                return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
-from devbridge.spec import Lifecycle, guard_values
+from devbridge.spec import Lifecycle
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, build_machine, compile_table, default_table
 
@@ -128,7 +128,7 @@ class LifecycleCore:
             record = self._allocations.get(alloc_id)
             copies, computes = (record.copies, record.computes) if record else (0, 0)
             state = self.state(alloc_id, generation)
-            step = self._table.decide(state, event, guard_values(copies, computes))
+            step = self._table.lookup(state, event, copies, computes)
             if self.observer is not None:
                 self.observer(state, event, step)
             if step.rule is not None:
@@ -149,7 +149,8 @@ class LifecycleCore:
         """Record a use of each distinct handle, all or nothing."""
         unique = tuple(dict.fromkeys(handles))
         event = USE_EVENTS[kind][0]
-        self.check(unique, event)
+        if len(unique) > 1:  # all or nothing; one handle's fire() checks before it changes anything
+            self.check(unique, event)
         for alloc_id, generation in unique:
             self.fire(alloc_id, generation, event)
         use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation, keep_host)
@@ -193,7 +194,7 @@ class LifecycleCore:
         if record is None:  # freed or stale: no counters, no memory
             self.check([(alloc_id, generation)], event)
             return None
-        step = self._table.decide(record.state, event, guard_values(record.copies, record.computes))
+        step = self._table.lookup(record.state, event, record.copies, record.computes)
         if self.observer is not None:
             self.observer(record.state, event, step)
         if step.rule is not None:

@@ -104,10 +104,19 @@ class Step:
 
 @dataclass(frozen=True)
 class Table:
-    """(state, event) -> candidates in order. The runtime's whole lifecycle logic."""
+    """(state, event) -> candidates in order: the runtime's whole lifecycle logic.
+
+    `flat` is the same table with the guards already evaluated: guards only tell
+    0, 1 and more apart, so (state, event, min(copies, 2), min(computes, 2)) keys
+    every decision and the hot path is one dict lookup.
+    """
 
     steps: Mapping[tuple[str, str], tuple[Step, ...]]
     terminal: frozenset[str]
+    flat: Mapping[tuple[str, str, int, int], Step]
+
+    def lookup(self, state: str, event: str, copies: int, computes: int) -> Step:
+        return self.flat[(state, event, copies if copies < 2 else 2, computes if computes < 2 else 2)]
 
     def candidates(self) -> list[tuple[str, str, int, Step]]:
         """Every compiled candidate: (state, event, its index for the pair, step)."""
@@ -144,7 +153,11 @@ def compile_table(machine: Machine, lifecycle: Lifecycle | None = None) -> Table
             compiled.append(Step((), None, False, unguarded[(state, event)]))
         steps[(state, event)] = tuple(compiled)
     terminal = frozenset(s for s, st in lc.states.items() if st.terminal)
-    return Table(steps, terminal)
+    table = Table(steps, terminal, {})
+    flat = {
+        (s, e, c, k): table.decide(s, e, guard_values(c, k)) for (s, e) in steps for c in range(3) for k in range(3)
+    }
+    return Table(steps, terminal, flat)
 
 
 def _compile_transition(t: Any) -> Step:

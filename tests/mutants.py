@@ -15,8 +15,8 @@ from unittest import mock
 from devbridge import Bridge, DeviceRange, HostRing, RangeError
 from devbridge.backends.base import OK
 from devbridge.spec import guard_values
-from devbridge.statemachine import core as core_module
 from devbridge.statemachine.core import Effects, InFlight, LifecycleCore
+from devbridge.statemachine.machine import Step, Table
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 MUTANTS: dict[str, Mutant] = {}
@@ -189,10 +189,10 @@ def release_ignores_pending_reads() -> Iterator[None]:
 def last_copy_guard_wrong() -> Iterator[None]:
     """The `last_copy` guard is read as "a copy is in flight" (copies >= 1)."""
 
-    def wrong(copies: int, computes: int) -> dict[str, bool]:
+    def lookup(self: Table, state: str, event: str, copies: int, computes: int) -> Step:
         values = guard_values(copies, computes)
         values["last_copy"] = copies >= 1
-        return values
+        return self.decide(state, event, values)
 
-    with mock.patch.object(core_module, "guard_values", wrong):
+    with mock.patch.object(Table, "lookup", lookup):
         yield

@@ -63,3 +63,14 @@ def test_guarded_rejection_lives_in_the_machine() -> None:
     assert machine_outcome("free_pending", "copy_end", valuation) == ("reject", "EVENT-1", False)
     valuation = {"last_copy": True, "last_compute": False, "no_copy": False, "no_compute": True}
     assert machine_outcome("free_pending", "copy_end", valuation) == ("move", "freed", True)
+
+
+def test_flat_table_agrees_with_the_guarded_candidates_for_any_counts() -> None:
+    from devbridge.spec import guard_values
+
+    table = default_table()
+    for state, event in load().pairs():
+        for copies in range(5):
+            for computes in range(5):
+                expected = table.decide(state, event, guard_values(copies, computes))
+                assert table.lookup(state, event, copies, computes) == expected, (state, event, copies, computes)
