@@ -123,32 +123,57 @@ class BridgeMachine(RuleBasedStateMachine):
     ) -> None:
         handle, src, d_off = self.copy_ranges(h, i, off, dev, n, live)
         self.s.host_to_device(src, handle, d_off, sync, fails, release=not keep)
+        self.probe_end(handle, "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
     @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly)
     def device_to_host(self, i: int, off: int, n: int, h: int, dev: int, sync: bool, fails: bool, live: bool) -> None:
         handle, dst, d_off = self.copy_ranges(h, i, off, dev, n, live)
         self.s.device_to_host(handle, d_off, dst, sync, fails)
+        self.probe_end(handle, "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
     @rule(i=index, off=index, n=index, h=index, dev=index)
     def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int) -> None:
-        """The worker's usual pattern: start the last download, free at once (a deferred free)."""
+        """The worker's usual pattern: start the last download, free at once (a deferred free);
+        then a compute end that no compute is waiting for must be refused."""
         self.device_to_host(i, off, n, h, dev, sync=False, fails=False, live=True)
         self.free(h)
+        self.probe_end(self.handle(h), "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(h=index, i=index, k=st.integers(2, 3), inward=st.booleans())
-    def copy_burst(self, h: int, i: int, k: int, inward: bool) -> None:
-        """Several asynchronous copies on one allocation at once (concurrent uses)."""
+    @rule(i=index, off=index, n=index, h=index, dev=index)
+    def restart_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int) -> None:
+        """A restart while a download is in flight (stale_pending), then a stray compute end."""
+        self.device_to_host(i, off, n, h, dev, sync=False, fails=False, live=True)
+        self.restart()
+        self.probe_end(self.handle(h), "compute_end")
+
+    def probe_end(self, handle: DeviceHandle, event: str) -> None:
+        """Send `event` straight to the core if no use of its kind is in flight: EVENT-1."""
+        model = self.s.model
+        kinds = {"copy_end": {"copy_in", "copy_out"}, "compute_end": {"compute", "view"}}[event]
+        if not kinds & {model.uses[u].kind for u in model.allocs[handle.id].uses}:
+            core = self.s.bridge._core
+            self.s.expect(
+                Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, event), ""
+            )
+
+    @precondition(lambda self: self.s.handles and self.s.reservations)
+    @rule(h=index, i=index, k=st.integers(2, 3), inward=st.booleans(), computes=st.integers(0, 2))
+    def copy_burst(self, h: int, i: int, k: int, inward: bool, computes: int) -> None:
+        """Several asynchronous copies on one allocation at once, and maybe computes beside them."""
         copy = self.host_to_device if inward else self.device_to_host
         for j in range(k):
             copy(i + j, 0, 1, h, j, sync=False, fails=False, live=True)
+        for _ in range(computes):
+            self.compute([h], fails=False)
 
     @precondition(lambda self: self.s.handles)
     @rule(hs=st.lists(index, min_size=1, max_size=2), fails=fault)
     def compute(self, hs: list[int], fails: bool) -> None:
         self.s.compute([self.handle(i) for i in hs], fails)
+        self.probe_end(self.handle(hs[0]), "copy_end")
 
     @precondition(lambda self: self.s.handles)
     @rule(h=index, off=index, n=index, keep=st.booleans())
