@@ -133,11 +133,12 @@ class BridgeMachine(RuleBasedStateMachine):
         self.probe_end(handle, "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index)
-    def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int) -> None:
-        """The worker's usual pattern: start the last download, free at once (a deferred free);
+    @rule(i=index, off=index, n=index, h=index, dev=index, k=st.integers(1, 2))
+    def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int, k: int) -> None:
+        """The worker's usual pattern: start the last downloads, free at once (a deferred free);
         then a compute end that no compute is waiting for must be refused."""
-        self.device_to_host(i, off, n, h, dev, sync=False, fails=False, live=True)
+        for j in range(k):
+            self.device_to_host(i + j, off, n, h, dev, sync=False, fails=False, live=True)
         self.free(h)
         self.probe_end(self.handle(h), "compute_end")
 
