@@ -282,21 +282,31 @@ class Worker:
         if job.event.error is None:
             return True
         self.failures_retried += 1
-        {"upload": self.upload, "compute": self.compute, "download": self.download}[job.stage](job)
+        if job.stage == "compute":  # x is gone: start over from the kept input
+            job.stage, job.event = "alloc", None
+        else:
+            (self.upload if job.stage == "upload" else self.download)(job)
         return False
 
-    def upload(self, job: Job) -> None:
-        assert job.x is not None
+    def attempt(self, job: Job, stage: str, copy: Callable[[], Event]) -> None:
+        """Start a copy; a synchronous backend failure is counted and retried on a later tick."""
         try:
-            job.event = self.bridge.host_to_device(
-                job.src, DeviceRange(job.x, 0, self.in_bytes), sync=False, release=False
-            )
+            job.event = copy()
         except BridgeError as e:
             if e.rule != "COPY-F":
                 raise
             self.failures_retried += 1
             return
-        job.stage = "upload"
+        job.stage = stage
+
+    def upload(self, job: Job) -> None:
+        x = job.x
+        assert x is not None
+        self.attempt(
+            job,
+            "upload",
+            lambda: self.bridge.host_to_device(job.src, DeviceRange(x, 0, self.in_bytes), sync=False, release=False),
+        )
 
     def compute(self, job: Job) -> None:
         assert job.x is not None and job.y is not None
@@ -320,14 +330,10 @@ class Worker:
                 job.out = self.outputs.reserve(self.out_bytes)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
-        try:
-            job.event = self.bridge.device_to_host(DeviceRange(job.y, 0, self.out_bytes), job.out, sync=False)
-        except BridgeError as e:
-            if e.rule != "COPY-F":
-                raise
-            self.failures_retried += 1
-            return
-        job.stage = "download"
+        y, out = job.y, job.out
+        self.attempt(
+            job, "download", lambda: self.bridge.device_to_host(DeviceRange(y, 0, self.out_bytes), out, sync=False)
+        )
 
     def deliver(self, job: Job) -> None:
         assert job.out is not None and job.y is not None

@@ -61,3 +61,17 @@ def test_demo_exits_non_zero_when_an_object_is_lost(
     monkeypatch.setattr(Producer, "run", lossy)
     assert main(["demo", "--objects", "4", "--backend", "fake", "--no-progress"]) == 1
     assert "lost: 1" in capsys.readouterr().out
+
+
+def test_failed_computes_start_the_object_over_from_its_kept_input() -> None:
+    from devbridge.backends.fake import FakeBackend
+    from devbridge.backends.faulty import FaultyBackend
+    from devbridge.worker import Worker, fake_pump
+
+    fake = FakeBackend()
+    backend = FaultyBackend(fake, rate=0.2, seed=5, random_ops=("compute",))
+    worker = Worker(backend, 40, seed=5, pump=fake_pump(fake, 5))
+    worker.run()
+    summary = worker.summary(1.0, "fake")
+    assert backend.injected["compute"] > 0 and summary.faults_recovered == backend.injected["compute"]
+    assert summary.clean and summary.unreleased_input_bytes == 0
