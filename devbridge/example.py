@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import Bridge
@@ -35,14 +36,6 @@ class ExampleReport:
     live_allocations: int
     unreleased_host_bytes: int  # counted from both rings at the end: 0 means nothing is stuck
     seconds: float
-
-
-def make_backend(name: str, device: str | None = None) -> Backend:
-    if name == "fake":
-        return FakeBackend()
-    from devbridge.backends.tinygrad import TinygradBackend
-
-    return TinygradBackend(device)
 
 
 def settle(backend: Backend, event: Event) -> None:

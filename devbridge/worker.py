@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
@@ -401,15 +402,8 @@ def run_demo(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> Summary:
-    inner: Backend
-    pump: Callable[[], None] | None = None
-    if backend == "fake":
-        fake = FakeBackend()
-        inner, pump = fake, fake_pump(fake, seed)
-    else:
-        from devbridge.backends.tinygrad import TinygradBackend
-
-        inner = TinygradBackend(device)
+    inner = make_backend(backend, device)
+    pump = fake_pump(inner, seed) if isinstance(inner, FakeBackend) else None
     wrapped = FaultyBackend(inner, rate=faults, seed=seed) if faults else inner
     worker = Worker(wrapped, objects, seed=seed, restart_every=restart_every, pump=pump)
     start = time.perf_counter()

@@ -120,10 +120,9 @@ def _applies(s: Lockstep, action: Action) -> bool:
     if action[0] != "raw":
         return action[0] != "oob" or bool(s.handles)
     a, event = action[1], action[2]
-    kinds = {s.model.uses[u].kind for u in s.model.allocs[a].uses}
     if event == "restart":
         return s.model.state(a) in ("freed", "stale")
-    return not kinds & ({"copy_in", "copy_out"} if event == "copy_end" else {"compute", "view"})
+    return s.stray_end(a, event)
 
 
 def apply(s: Lockstep, action: Action) -> None:

@@ -20,6 +20,7 @@ from devbridge.errors import BridgeError
 from devbridge.events import Event
 from devbridge.models.reference import Fail, ReferenceModel, Reject
 from devbridge.ring import HostRing
+from devbridge.statemachine.core import USE_EVENTS
 from devbridge.statemachine.machine import Step
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
 
@@ -95,6 +96,11 @@ class Lockstep:
         k = next(i for i, res in enumerate(self.reservations) if res.start <= r.start and r.end <= res.end)
         whole = self.reservations[k]
         return f"r{k}" if whole == r else f"r{k}.sub({r.start - whole.start}, {r.nbytes})"
+
+    def stray_end(self, alloc_id: int, event: str) -> bool:
+        """Whether `event` (copy_end or compute_end) would end no use in flight: the core must refuse it."""
+        kinds = {kind for kind, (_, end) in USE_EVENTS.items() if end == event}
+        return not kinds & {self.model.uses[u].kind for u in self.model.allocs[alloc_id].uses}
 
     def track(self, use: int, event: Event) -> None:
         assert event.use_id == use, (event.use_id, use)

@@ -152,9 +152,7 @@ class BridgeMachine(RuleBasedStateMachine):
 
     def probe_end(self, handle: DeviceHandle, event: str) -> None:
         """Send `event` straight to the core if no use of its kind is in flight: EVENT-1."""
-        model = self.s.model
-        kinds = {"copy_end": {"copy_in", "copy_out"}, "compute_end": {"compute", "view"}}[event]
-        if not kinds & {model.uses[u].kind for u in model.allocs[handle.id].uses}:
+        if self.s.stray_end(handle.id, event):
             core = self.s.bridge._core
             self.s.expect(
                 Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, event), ""
@@ -260,8 +258,7 @@ class BridgeMachine(RuleBasedStateMachine):
                 assert self.s.bridge.state(handle) == state
                 return
             event = "copy_end"
-        kinds = {"copy_end": {"copy_in", "copy_out"}, "compute_end": {"compute", "view"}}[event]
-        idle = [x for x in self.s.handles if not kinds & {model.uses[u].kind for u in model.allocs[x.id].uses}]
+        idle = [x for x in self.s.handles if self.s.stray_end(x.id, event)]
         by_state: dict[str, list[DeviceHandle]] = {}
         for x in idle:  # first a state, then a handle in it: rare states get their turn
             by_state.setdefault(model.state(x.id), []).append(x)
