@@ -5,6 +5,12 @@ Buffers and event tokens are opaque to the Bridge. Any operation may raise
 `BackendError` for a device-side failure; the Bridge maps it to the typed
 error of the contract. A backend must never be asked to free memory in use,
 and the fake backend checks exactly that on its own.
+
+A failing `query`, `wait` or `extend` settles its event as failed, and the
+allocations it used may then be released: a backend raises there only for
+work that will not touch memory again (finished, or abandoned by the device);
+when it cannot tell, it reports the event pending. A failing `free` is
+reported and never retried: the Bridge asks once per buffer.
 """
 
 from __future__ import annotations

@@ -24,11 +24,14 @@ from typing import Any
 import numpy as np
 
 from devbridge.backends.base import OK, PENDING, BackendError, Status
+from devbridge.errors import InvalidArgumentError, short
+from devbridge.types import as_count
 
 GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
-FAULTABLE = ("alloc", "copy_in", "copy_out", "compute", "view")
+FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
+DEFAULT_CAPACITY = 1 << 30  # the fake device's memory: a huge extent fails like a real device's
 
 
 class FakeViolation(AssertionError):
@@ -87,9 +90,12 @@ class FakeEvent:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, capacity: int | None = None) -> None:
-        """`capacity`, when given, is the device size in bytes; beyond it alloc fails."""
-        self.capacity = capacity
+    def __init__(self, capacity: int | None = DEFAULT_CAPACITY) -> None:
+        """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails."""
+        size = None if capacity is None else as_count(capacity)
+        if capacity is not None and (size is None or size <= 0):
+            raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
+        self.capacity = size
         self.generation = 0
         self.calls: list[Call] = []
         self.violations: list[str] = []
@@ -102,11 +108,17 @@ class FakeBackend:
     # ------------------------------------------------------------ test controls
 
     def fail_next(self, op: str, times: int = 1) -> None:
-        """Make the next `times` calls of `op` fail (sync: raise; async: fail at completion)."""
-        if op not in FAULTABLE:
-            raise ValueError(f"fail_next: op must be one of {FAULTABLE}, got {op!r}")
+        """Make the next `times` calls of `op` fail. Synchronous calls raise; an asynchronous
+        copy or compute fails at completion. A failing `free` raises and keeps the buffer
+        (the device refused); a failing `query` or `wait` raises and, if the event was
+        pending, fails it: the device gives up that work, whose data never moves."""
+        count = as_count(times)
+        if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
+            raise InvalidArgumentError(
+                "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
+            )
         with self._cond:
-            self._faults[op] += times
+            self._faults[op] += count
 
     def pending(self) -> list[FakeEvent]:
         """Events not yet completed, oldest first."""
@@ -164,7 +176,10 @@ class FakeBackend:
             in_use = sum(b.nbytes for b in self._buffers.values() if not b.freed)
             if self._take_fault("alloc") or (self.capacity is not None and in_use + nbytes > self.capacity):
                 raise BackendError(f"fake: cannot allocate {nbytes} B")
-            raw = np.full(nbytes + 2 * GUARD, GUARD_BYTE, dtype=np.uint8)
+            try:
+                raw = np.full(nbytes + 2 * GUARD, GUARD_BYTE, dtype=np.uint8)
+            except (MemoryError, ValueError) as e:  # host memory runs out before an unlimited fake
+                raise BackendError(f"fake: cannot allocate {nbytes} B: {e}") from e
             raw[GUARD : GUARD + nbytes] = 0
             self._buffers[buffer_id] = FakeBuffer(buffer_id, nbytes, dtype, self.generation, raw)
             return buffer_id
@@ -176,6 +191,8 @@ class FakeBackend:
                 self._violate(f"free of unknown buffer {buffer!r}")
             assert buf is not None
             self.calls.append(Call("free", buf.id, generation=self.generation))
+            if self._take_fault("free"):
+                raise BackendError(f"fake: cannot free buffer #{buf.id}")
             if buf.freed:
                 self._violate(f"buffer #{buf.id} freed twice")
             if busy := [e.id for e in self._events.values() if e.pending and buf.id in e.buffers]:
@@ -235,11 +252,14 @@ class FakeBackend:
 
     def query(self, token: object) -> Status:
         with self._cond:
-            return self._resolve(token).status
+            ev = self._resolve(token)
+            self._lose_on_fault("query", ev)
+            return ev.status
 
     def wait(self, token: object, timeout: float | None) -> bool:
         with self._cond:
             ev = self._resolve(token)
+            self._lose_on_fault("wait", ev)
             return self._cond.wait_for(lambda: not ev.pending, timeout)
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:
@@ -252,6 +272,14 @@ class FakeBackend:
     def _violate(self, message: str) -> None:
         self.violations.append(message)
         raise FakeViolation(message)
+
+    def _lose_on_fault(self, op: str, ev: FakeEvent) -> None:
+        """An armed query/wait fault: the device gives up the event's work (if still pending) and says so."""
+        if self._take_fault(op):
+            if ev.pending:
+                ev.status = Status(True, f"fake: {op} failed; the work was abandoned")
+                self._cond.notify_all()
+            raise BackendError(f"fake: {op} of event #{ev.id} failed")
 
     def _take_fault(self, op: str) -> bool:
         if self._faults[op] > 0:

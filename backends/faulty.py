@@ -3,19 +3,31 @@
 Fault injection for real backends (the fake has its own `fail_next`): a
 synchronous call fails by raising `BackendError` before reaching the inner
 backend; an asynchronous copy or compute fails at completion: the inner
-backend does its work, and the event reports failure when it is done.
+backend does its work, and the event reports failure when it is done. A
+failing `free` raises without freeing (the buffer is the inner backend's to
+reclaim when dropped). A failing `query` or `wait` raises only for an event
+the inner backend has finished: a backend may say it lost work only when the
+work no longer touches memory (the Backend protocol); on a pending event the
+fault stays armed.
+
+Failing tokens are held weakly and forgotten once their failure is reported
+(the Bridge settles an event on the first query that finds it done); the op log keeps
+the last `log_limit` ops, so a long faulty run stays bounded.
 """
 
 from __future__ import annotations
 
 import random
-from collections import Counter
+import weakref
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from devbridge.backends.base import Backend, BackendError, Status
+from devbridge.errors import InvalidArgumentError, short
+from devbridge.types import as_count
 
-FAULTABLE = ("alloc", "copy_in", "copy_out", "compute", "view")
+FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
 
 
 class FaultyBackend:
@@ -25,25 +37,35 @@ class FaultyBackend:
         rate: float = 0.0,
         seed: int = 0,
         random_ops: tuple[str, ...] = ("alloc", "copy_in", "copy_out"),
+        log_limit: int = 100_000,
     ) -> None:
         """`rate`: besides the faults a test arms, fail each call of `random_ops` with this probability."""
         self.inner = inner
         self.name = f"faulty({inner.name})"
-        self.ops: list[str] = []
+        self.ops: deque[str] = deque(maxlen=log_limit)  # the latest backend ops, oldest first
         self.injected: Counter[str] = Counter()  # faults that fired, by op
         self.rate, self.random_ops = rate, random_ops
         self._rng = random.Random(seed)
         self._faults: Counter[str] = Counter()
-        # tokens that must report failure, by id(); held so that no later token reuses the id
-        self._failing: dict[int, object] = {}
+        # tokens that must report failure: weak, so a settled token the bridge dropped is forgotten
+        self._failing: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def fail_next(self, op: str, times: int = 1) -> None:
-        if op not in FAULTABLE:
-            raise ValueError(f"fail_next: op must be one of {FAULTABLE}, got {op!r}")
-        self._faults[op] += times
+        count = as_count(times)
+        if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
+            raise InvalidArgumentError(
+                "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
+            )
+        self._faults[op] += count
 
-    def _fault(self, op: str) -> bool:
-        self.ops.append(op)
+    @property
+    def failing(self) -> int:
+        """Tokens still held because they must report an injected failure."""
+        return len(self._failing)
+
+    def _fault(self, op: str, log: bool = True) -> bool:
+        if log:
+            self.ops.append(op)
         if self._faults[op] > 0:
             self._faults[op] -= 1
         elif not (self.rate and op in self.random_ops and self._rng.random() < self.rate):
@@ -60,7 +82,8 @@ class FaultyBackend:
         return self.inner.alloc(nbytes, dtype)
 
     def free(self, buffer: object) -> None:
-        self.ops.append("free")
+        if self._fault("free"):
+            raise BackendError("injected: free")
         self.inner.free(buffer)
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
@@ -82,10 +105,18 @@ class FaultyBackend:
 
     def query(self, token: object) -> Status:
         status = self.inner.query(token)
-        return Status(True, "injected failure") if status.done and id(token) in self._failing else status
+        if status.done and self._fault("query", log=False):
+            raise BackendError("injected: query")
+        if status.done and token in self._failing:
+            self._failing.discard(token)  # reported once, to the query that finds it done: then forgotten
+            return Status(True, "injected failure")
+        return status
 
     def wait(self, token: object, timeout: float | None) -> bool:
-        return self.inner.wait(token, timeout)
+        done = self.inner.wait(token, timeout)
+        if done and self._fault("wait", log=False):
+            raise BackendError("injected: wait")
+        return done
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:
         return self.inner.subscribe(callback)
@@ -95,7 +126,7 @@ class FaultyBackend:
             raise BackendError("injected: synchronous failure")
         token = call()
         if fail:
-            self._failing[id(token)] = token
+            self._failing.add(token)
         return token
 
     def __getattr__(self, name: str) -> Any:

@@ -40,6 +40,7 @@ import numpy as np
 
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.base import OK, PENDING, BackendError, Status
+from devbridge.errors import InvalidArgumentError, short
 
 Probe = Callable[[], bool]
 
@@ -73,7 +74,12 @@ class TinygradBackend:
     name = "tinygrad"
 
     def __init__(self, device: str | None = None) -> None:
-        self.device = tg.canonical_device(device or tg.default_device())
+        if device is not None and (type(device) is not str or not device):
+            raise InvalidArgumentError("ARG-1", f"device must be None or a device name, got {short(device)}")
+        try:
+            self.device = tg.open_device(device or tg.default_device())
+        except Exception as e:  # tinygrad raises ImportError, RuntimeError, ... for a device it cannot open
+            raise InvalidArgumentError("ARG-1", f"tinygrad cannot open device {short(device)}: {e}") from e
         self.generation = 0
         self._lock = threading.RLock()
         self._copies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-copy")
@@ -95,8 +101,9 @@ class TinygradBackend:
             raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
 
     def free(self, buffer: object) -> None:
+        probe = self._marker()
         with self._lock:
-            self._parked.append((tg.marker(self.device), self._buffer(buffer)))
+            self._parked.append((probe, self._buffer(buffer)))
         self._reap()
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
@@ -131,12 +138,12 @@ class TinygradBackend:
         return _done("copy_out") if sync else TinygradToken("copy_out", probe=lambda: True, gate=self._gate)
 
     def compute(self, buffers: Sequence[object]) -> object:
-        return TinygradToken("compute", probe=tg.marker(self.device))
+        return TinygradToken("compute", probe=self._marker())
 
     def extend(self, token: object) -> None:
         """The compute work behind `token` now includes everything queued so far."""
         assert isinstance(token, TinygradToken)
-        token.probe = tg.marker(self.device)
+        token.probe = self._marker()
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         try:
@@ -190,6 +197,12 @@ class TinygradBackend:
         return len(self._parked)
 
     # ------------------------------------------------------------ mechanics
+
+    def _marker(self) -> Probe:
+        try:
+            return tg.marker(self.device)
+        except Exception as e:
+            raise BackendError(f"{self.device}: cannot mark the end of queued work: {e}") from e
 
     @staticmethod
     def _buffer(buffer: object) -> tg.Buffer:

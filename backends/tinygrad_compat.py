@@ -27,6 +27,13 @@ def canonical_device(device: str) -> str:
     return str(Device.canonicalize(device))
 
 
+def open_device(device: str) -> str:
+    """The canonical name of `device`, opened (raises when tinygrad has no such device)."""
+    name = canonical_device(device)
+    Device[name]
+    return name
+
+
 def dtype_of(name: str) -> DType:
     dtype = getattr(dtypes, name)
     assert isinstance(dtype, DType)
@@ -114,6 +121,7 @@ __all__ = [
     "dtype_of",
     "host_bytes",
     "marker",
+    "open_device",
     "synchronize",
     "tensor_view",
 ]

@@ -16,10 +16,13 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_o
 
 from devbridge.bridge import Bridge
 from devbridge.errors import (
+    BackendFailureError,
     BridgeError,
     ComputeError,
     DeviceAllocationError,
     DeviceCopyError,
+    DeviceFreeError,
+    InvalidArgumentError,
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
@@ -29,12 +32,14 @@ from devbridge.errors import (
     RangeError,
     RingFullError,
     StaleHandleError,
+    WaitTimeoutError,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event
 from devbridge.ring import HostRing
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
 
 __all__ = [
+    "BackendFailureError",
     "Bridge",
     "BridgeError",
     "ComputeError",
@@ -42,11 +47,13 @@ __all__ = [
     "CopyEvent",
     "DeviceAllocationError",
     "DeviceCopyError",
+    "DeviceFreeError",
     "DeviceHandle",
     "DeviceRange",
     "Event",
     "HostRange",
     "HostRing",
+    "InvalidArgumentError",
     "InvalidHandleError",
     "InvalidSpecError",
     "InvalidViewError",
@@ -58,4 +65,5 @@ __all__ = [
     "RingFullError",
     "StaleHandleError",
     "TensorViewSpec",
+    "WaitTimeoutError",
 ]

@@ -8,32 +8,43 @@ failure at submission changes nothing either. Completions, from `poll`, an
 event's `done`/`wait`, or a backend callback on any thread, go through
 `_finish`, the one place where host bytes are released, output becomes
 valid, and deferred frees reach the backend.
+
+Nothing a caller hands in is trusted: a handle is resolved to the bridge's
+own record (HANDLE-1), and only the record's extent, spec and memory are
+used. A backend failure anywhere becomes a typed error and never loses an
+event: a failed query, wait or marker settles the event as failed; a failed
+free is reported, never retried (FREE-3), and never stops a restart.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import weakref
 from collections import Counter, deque
 from typing import TYPE_CHECKING
 
-from devbridge.backends.base import Backend, BackendError, Status
+from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
+    BackendFailureError,
     BridgeError,
     ComputeError,
     DeviceAllocationError,
     DeviceCopyError,
+    DeviceFreeError,
+    InvalidArgumentError,
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
     OutputCopyError,
     RangeError,
     StaleHandleError,
+    short,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event
-from devbridge.statemachine.core import Effects, LifecycleCore
-from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+from devbridge.statemachine.core import Allocation, Effects, LifecycleCore
+from devbridge.types import MAX_EXTENT, DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec, as_count
 
 if TYPE_CHECKING:
     from tinygrad.tensor import Tensor
@@ -41,18 +52,31 @@ if TYPE_CHECKING:
 _owners = itertools.count(1)
 
 
+def _flag(name: str, value: object) -> bool:
+    if type(value) is not bool:
+        raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
+    return value
+
+
 class Bridge:
     def __init__(self, backend: Backend) -> None:
+        if isinstance(backend, type) or not isinstance(backend, Backend):
+            raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self._backend = backend
         self._core = LifecycleCore()
         self._owner = next(_owners)
+        self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
         self._pending: dict[int, Event] = {}  # use id -> event awaiting the backend
         self._by_token: dict[int, Event] = {}  # id(backend token) -> the same events
         self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
         self._counts: Counter[str] = Counter()
-        backend.begin_generation(0)
-        backend.subscribe(self._on_complete)
+        self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
+        try:
+            backend.begin_generation(0)
+            backend.subscribe(self._on_complete)
+        except BackendError as e:
+            raise BackendFailureError("FAULT-1", f"backend {short(backend)} refused a new bridge: {e}") from e
 
     # ------------------------------------------------------------ allocation
 
@@ -64,31 +88,36 @@ class Bridge:
         """Allocate `extent` bytes for an object of `spec` in the current generation."""
         with self._lock:
             self._drain_views()
-            if not isinstance(spec, ObjectSpec):
-                raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {spec!r}")
-            if not isinstance(extent, int) or isinstance(extent, bool) or extent <= 0:
-                raise RangeError("ALLOC-1", f"extent must be a positive int, got {extent!r}")
-            if extent % spec.itemsize:
-                raise RangeError("ALLOC-1", f"extent {extent} is not a whole number of {spec.dtype} items")
+            if type(spec) is not ObjectSpec:
+                raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {short(spec)}")
+            size = as_count(extent)
+            if size is None or not 0 < size <= MAX_EXTENT:
+                raise RangeError("ALLOC-1", f"extent must be an int in [1, 2**48], got {short(extent)}")
+            if size % spec.itemsize:
+                raise RangeError("ALLOC-1", f"extent {size} is not a whole number of {spec.dtype} items")
             try:
-                memory = self._backend.alloc(extent, spec.dtype)
+                memory = self._backend.alloc(size, spec.dtype)
             except BackendError as e:
                 self._counts["alloc_failures"] += 1
-                raise DeviceAllocationError("ALLOC-2", f"allocating {extent} B for {spec.name}: {e}") from e
-            record = self._core.add(extent, spec, memory)
+                raise DeviceAllocationError("ALLOC-2", f"allocating {size} B for {spec.name}: {e}") from e
+            record = self._core.add(size, spec, memory)
             self._counts["allocs"] += 1
-            return DeviceHandle(record.id, record.generation, extent, spec, self._owner)
+            seal = self._seal(record.id, record.generation, size, spec)
+            handle = DeviceHandle(record.id, record.generation, size, spec, self._owner, seal)
+            record.handle = handle
+            return handle
 
     def free_device(self, handle: DeviceHandle) -> None:
-        """Free now, or as soon as no copy, compute or view uses the allocation (FREE-1)."""
+        """Free now, or as soon as no copy, compute or view uses the allocation (FREE-1).
+        A backend failure to free is reported (DeviceFreeError); the handle is dead anyway."""
         with self._lock:
             self._drain_views()
-            self._own(handle)
-            record = self._core.free(handle.id, handle.generation)
+            key, _ = self._resolve(handle)
+            record = self._core.free(*key)
             if record is None:
                 self._counts["deferred_frees"] += 1
-            else:
-                self._release(record.memory)
+            elif failure := self._release(record):
+                raise DeviceFreeError("FREE-3", failure)
 
     # ------------------------------------------------------------ copies
 
@@ -97,16 +126,18 @@ class Bridge:
         (sync) or when the event completes (async); never after a failure. With
         release=False they are only safe to release then, and the worker releases them
         itself (a worker that must survive restarts keeps its inputs until delivered)."""
+        _flag("sync", sync)
+        _flag("release", release)
         with self._lock:
             self._drain_views()
-            self._check_copy(src, dst, "H2D-1")
+            key, record = self._check_copy(src, dst, "H2D-1")
             src.ring.check_source(src)
             try:
-                token = self._backend.copy_in(self._memory(dst.handle), dst.offset, src.ring.raw(src), sync=sync)
+                token = self._backend.copy_in(record.memory, dst.offset, src.ring.raw(src), sync=sync)
             except BackendError as e:
                 self._counts["copy_failures"] += 1
                 raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
-            use = self._core.begin("copy_in", [(dst.handle.id, dst.handle.generation)], host=src, keep_host=not release)
+            use = self._core.begin("copy_in", [key], host=src, keep_host=not release)
             src.ring.begin_read(src)
             self._counts["copies_in"] += 1
             self._counts["bytes_in"] += src.nbytes
@@ -115,18 +146,19 @@ class Bridge:
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst`. The host bytes are valid on return (sync) or
         when the event completes (async); a failed output range is never readable."""
+        _flag("sync", sync)
         with self._lock:
             self._drain_views()
-            self._check_copy(dst, src, "D2H-1")
+            key, record = self._check_copy(dst, src, "D2H-1")
             dst.ring.check_dest(dst)
             try:
-                token = self._backend.copy_out(dst.ring.raw(dst), self._memory(src.handle), src.offset, sync=sync)
+                token = self._backend.copy_out(dst.ring.raw(dst), record.memory, src.offset, sync=sync)
             except BackendError as e:
                 self._counts["copy_failures"] += 1
                 dst.ring.begin_write(dst)
                 dst.ring.end_write(dst, valid=False)
                 raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
-            use = self._core.begin("copy_out", [(src.handle.id, src.handle.generation)], host=dst)
+            use = self._core.begin("copy_out", [key], host=dst)
             dst.ring.begin_write(dst)
             self._counts["copies_out"] += 1
             self._counts["bytes_out"] += dst.nbytes
@@ -138,14 +170,15 @@ class Bridge:
         """Mark `handles` in use by compute until the returned event completes."""
         with self._lock:
             self._drain_views()
-            keys = [self._own(h) for h in handles]
+            resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
+            keys = list(resolved)
             self._core.check(keys, "compute_begin")
-            memories = [self._memory(h) for h in dict.fromkeys(handles)]
+            memories = [record.memory for record in resolved.values() if record is not None]
             try:
                 token = self._backend.compute(memories)
             except BackendError as e:
                 self._counts["compute_failures"] += 1
-                raise ComputeError("COMPUTE-F", f"compute on {[h.id for h in handles]}: {e}") from e
+                raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
             use = self._core.begin("compute", keys)
             self._counts["computes"] += 1
             event = ComputeEvent(self, use.id, token, tuple(handles))
@@ -157,22 +190,23 @@ class Bridge:
         is in use by compute (VIEW-3): freeing it is deferred until the Tensor is collected."""
         with self._lock:
             self._drain_views()
-            key = self._own(handle)
+            key, record = self._resolve(handle)
             self._core.check([key], "compute_begin")
-            if not isinstance(view, TensorViewSpec):
-                raise InvalidViewError("VIEW-2", f"wrap_for_tinygrad needs a TensorViewSpec, got {view!r}")
-            spec = handle.spec
+            assert record is not None, "the core refuses dead allocations"
+            if type(view) is not TensorViewSpec:
+                raise InvalidViewError("VIEW-2", f"wrap_for_tinygrad needs a TensorViewSpec, got {short(view)}")
+            spec = record.spec
             if view.dtype != spec.dtype:
                 raise InvalidViewError("VIEW-2", f"view dtype {view.dtype} is not {spec.name}'s {spec.dtype}")
             if spec.view is not None and view != spec.view:
                 raise InvalidViewError("VIEW-2", f"role {spec.role} uses {spec.view}, not {view}")
-            if view.offset + view.nbytes > handle.extent:
+            if view.offset + view.nbytes > record.extent:
                 raise InvalidViewError(
                     "VIEW-2",
-                    f"view [{view.offset}, {view.offset + view.nbytes}) exceeds extent {handle.extent}",
+                    f"view [{view.offset}, {view.offset + view.nbytes}) exceeds extent {record.extent}",
                 )
             try:
-                tensor: Tensor = self._backend.view(self._memory(handle), view.offset, view.shape, view.dtype)
+                tensor: Tensor = self._backend.view(record.memory, view.offset, view.shape, view.dtype)
             except BackendError as e:
                 raise InvalidViewError("VIEW-1", f"backend could not view {spec.name}: {e}") from e
             use = self._core.begin("view", [key])
@@ -183,26 +217,40 @@ class Bridge:
     # ------------------------------------------------------------ completions and generations
 
     def poll(self) -> int:
-        """Process every use the backend has finished; how many were processed."""
+        """Process every use the backend has finished; how many were processed. Then report
+        deferred backend frees that failed since the last poll (DeviceFreeError, FREE-3)."""
         with self._lock:
             finished = self._drain_views()
             for event in list(self._pending.values()):
-                status = self._backend.query(event.backend_token)
-                if status.done and self._ready(event):
-                    self._finish(event, status)
-                    finished += 1
+                if self._ready(event):
+                    status = self._query(event)
+                    if status.done:
+                        self._finish(event, status)
+                        finished += 1
+            if self._release_failures:
+                failures, self._release_failures = self._release_failures, []
+                raise DeviceFreeError("FREE-3", "; ".join(failures))
             return finished
 
     def restart(self) -> None:
         """Begin a new generation. Every prior handle and in-flight event is invalidated;
-        old memory is released now if unused, else when the backend is done with it."""
+        old memory is released now if unused, else when the backend is done with it.
+        Backend failures are reported once every old buffer had its release (FREE-3, FAULT-1)."""
         with self._lock:
             self._drain_views()
             releases = self._core.restart()
-            self._backend.begin_generation(self._core.generation)
-            for record in releases:
-                self._release(record.memory)
             self._counts["restarts"] += 1
+            failures: list[str] = []
+            try:
+                self._backend.begin_generation(self._core.generation)
+            except BackendError as e:
+                failures.append(f"beginning generation {self._core.generation}: {e}")
+            generation_failed = bool(failures)
+            failures += [failure for record in releases if (failure := self._release(record))]
+            if generation_failed:
+                raise BackendFailureError("FAULT-1", "; ".join(failures))
+            if failures:
+                raise DeviceFreeError("FREE-3", "; ".join(failures))
 
     # ------------------------------------------------------------ introspection
 
@@ -210,7 +258,7 @@ class Bridge:
         """The allocation's lifecycle state, a state name from the spec."""
         with self._lock:
             self._drain_views()
-            key = self._own(handle)
+            key, _ = self._resolve(handle)
             return self._core.state(*key)
 
     def stats(self) -> dict[str, int]:
@@ -222,7 +270,7 @@ class Bridge:
                 for k in (
                     "allocs", "backend_frees", "deferred_frees", "copies_in", "copies_out", "bytes_in",
                     "bytes_out", "computes", "views", "copy_failures", "compute_failures", "alloc_failures",
-                    "aborted", "restarts",
+                    "free_failures", "aborted", "restarts",
                 )
             }  # fmt: skip
             return {
@@ -236,27 +284,50 @@ class Bridge:
 
     # ------------------------------------------------------------ internals
 
-    def _own(self, handle: DeviceHandle) -> tuple[int, int]:
-        if not isinstance(handle, DeviceHandle) or handle.owner != self._owner:
-            raise InvalidHandleError("HANDLE-1", f"{handle!r} was not made by this bridge")
-        return handle.id, handle.generation
+    def _seal(self, alloc_id: int, generation: int, extent: int, spec: ObjectSpec) -> int:
+        return hash((self._secret, alloc_id, generation, extent, spec))
 
-    def _memory(self, handle: DeviceHandle) -> object:
-        record = self._core.allocation(handle.id)
-        assert record is not None, "checked by the core before any backend call"
-        return record.memory
+    def _resolve(self, handle: object) -> tuple[tuple[int, int], Allocation | None]:
+        """The core's key and live record (None once dead) of a handle this bridge issued,
+        unaltered (HANDLE-1). Callers use the record, never the handle's own fields."""
+        if type(handle) is DeviceHandle and type(handle.id) is int:
+            record = self._core.allocation(handle.id)
+            if record is not None and record.handle is handle:  # the issued object itself
+                return (record.id, record.generation), record
+            if self._genuine(handle):
+                return (handle.id, handle.generation), record
+        raise InvalidHandleError("HANDLE-1", f"{short(handle)} is not a handle this bridge issued")
 
-    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> None:
+    def _genuine(self, h: DeviceHandle) -> bool:
+        """An exact copy of a handle this bridge issued: same-typed fields under this bridge's seal."""
+        if not (type(h.generation) is int and type(h.extent) is int and type(h.spec) is ObjectSpec):
+            return False
+        if not (type(h.owner) is int and type(h.seal) is int and h.owner == self._owner):
+            return False
+        try:
+            return h.seal == self._seal(h.id, h.generation, h.extent, h.spec)
+        except Exception:  # a spec altered past its own validation (unhashable fields)
+            return False
+
+    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> tuple[tuple[int, int], Allocation]:
         if not isinstance(host, HostRange) or not isinstance(device, DeviceRange):
-            raise RangeError("RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {host!r}, {device!r}")
-        key = self._own(device.handle)
-        if host.nbytes != device.nbytes:
-            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
+            raise RangeError(
+                "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
+            )
+        key, record = self._resolve(device.handle)
+        extent = record.extent if record is not None else device.handle.extent  # sealed when dead
+        offset, nbytes = device.offset, device.nbytes
+        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= extent - offset):
+            raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
+        if host.nbytes != nbytes:
+            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {nbytes} B")
         self._core.check([key], "copy_begin")
+        assert record is not None, "the core refuses dead allocations"
+        return key, record
 
     def _submitted(self, event: CopyEvent, sync: bool) -> CopyEvent:
         self._track(event)
-        status = self._backend.query(event.backend_token)
+        status = OK if sync else self._query(event)  # a synchronous copy is done on return
         if status.done:
             self._finish(event, status)
             if sync and event._error is not None:
@@ -274,18 +345,34 @@ class Bridge:
         """A `with compute(...)` block exited: the marker must cover the work it queued."""
         with self._lock:
             if event.use_id in self._pending:
-                self._backend.extend(event.backend_token)
+                try:
+                    self._backend.extend(event.backend_token)
+                except BackendError as e:
+                    self._finish(event, Status(True, f"marking the end of the compute failed: {e}"))
             self._refresh(event)
 
     def _refresh(self, event: Event) -> None:
         with self._lock:
             if event.use_id in self._pending and self._ready(event):
-                status = self._backend.query(event.backend_token)
+                status = self._query(event)
                 if status.done:
                     self._finish(event, status)
 
-    def _wait_backend(self, event: Event, timeout: float | None) -> bool:
-        return self._backend.wait(event.backend_token, timeout)  # without the lock: may block
+    def _query(self, event: Event) -> Status:
+        """The backend's status of the event; a failed query settles it as failed (the
+        protocol: a backend raises only for work it will not touch again)."""
+        try:
+            return self._backend.query(event.backend_token)
+        except BackendError as e:
+            return Status(True, f"querying the backend failed: {e}")
+
+    def _wait_backend(self, event: Event, timeout: float | None) -> None:
+        try:
+            self._backend.wait(event.backend_token, timeout)  # without the lock: may block
+        except BackendError as e:
+            with self._lock:
+                if event.use_id in self._pending:
+                    self._finish(event, Status(True, f"waiting on the backend failed: {e}"))
 
     def _on_complete(self, token: object) -> None:
         with self._lock:
@@ -294,10 +381,18 @@ class Bridge:
                 self._refresh(event)
 
     def _finish(self, event: Event, status: Status) -> None:
+        """The one place a use ends. The event is settled whatever happens here."""
         del self._pending[event.use_id], self._by_token[id(event.backend_token)]
-        effects = self._core.end(event.use_id, ok=status.error is None)
-        self._apply(effects)
-        event._settle(self._error(effects, status))
+        error: BridgeError | None = None
+        try:
+            effects = self._core.end(event.use_id, ok=status.error is None)
+            self._apply(effects)
+            error = self._error(effects, status)
+        except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
+            error = e
+            raise
+        finally:
+            event._settle(error)
 
     def _apply(self, effects: Effects) -> None:
         use = effects.use
@@ -306,7 +401,8 @@ class Bridge:
         elif use.kind == "copy_out":
             use.host.ring.end_write(use.host, valid=effects.host_ok)
         for record in effects.release:
-            self._release(record.memory)
+            if failure := self._release(record):
+                self._release_failures.append(failure)
 
     def _error(self, effects: Effects, status: Status) -> BridgeError | None:
         rule, kind = effects.error_rule, effects.use.kind
@@ -326,6 +422,12 @@ class Bridge:
             drained += 1
         return drained
 
-    def _release(self, memory: object) -> None:
-        self._backend.free(memory)
+    def _release(self, record: Allocation) -> str | None:
+        """The one backend free of an allocation (FREE-2); a failure is returned, never retried."""
+        try:
+            self._backend.free(record.memory)
+        except BackendError as e:
+            self._counts["free_failures"] += 1
+            return f"releasing allocation #{record.id} (generation {record.generation}) failed: {e}"
         self._counts["backend_frees"] += 1
+        return None

@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--objects", type=int, default=1500, help="synthetic objects (default 1500: about 10 s here)")
     demo.add_argument("--backend", choices=("fake", "tinygrad"), default="tinygrad")
     demo.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default, CPU here)")
-    demo.add_argument("--faults", type=float, default=0.0, help="probability of an injected alloc/copy failure")
+    demo.add_argument(
+        "--faults", type=float, default=0.0, help="probability of an injected alloc, copy, free or query failure"
+    )
     demo.add_argument("--restart-every", type=int, default=0, help="restart the worker every K delivered objects")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -126,7 +128,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
             f"bytes in {s.bytes_in} ({s.gb_per_s_in:.4f} GB/s)  bytes out {s.bytes_out} ({s.gb_per_s_out:.4f} GB/s)\n"
             f"peak live allocations {s.peak_live_allocations}  deferred frees {s.deferred_frees}  "
             f"computes overlapping an upload {s.overlapped_computes}  producer blocked {s.producer_blocked_s:.1f} s\n"
-            f"faults injected {s.faults_injected}, recovered {s.faults_recovered}  restarts {s.restarts}\n"
+            f"faults injected {s.faults_injected}, recovered {s.faults_recovered}, "
+            f"failed frees reported {s.free_failures}  restarts {s.restarts}\n"
             f"unreleased bytes: input ring {s.unreleased_input_bytes}, output ring {s.unreleased_output_bytes}\n"
             f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
         )

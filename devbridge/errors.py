@@ -10,6 +10,19 @@ from __future__ import annotations
 CONTRACT_PATH = "spec/CONTRACT.md"
 
 
+#: Longest repr of a caller's argument quoted in a message (a 1 MiB `bytes` must not make a 4 MB message).
+MAX_REPR = 80
+
+
+def short(value: object) -> str:
+    """A bounded repr of any value, even one whose repr fails or is huge."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= MAX_REPR else f"{text[: MAX_REPR - 12]}...<{len(text)} chars>"
+
+
 class BridgeError(Exception):
     """Base of every devbridge error. `rule` is the spec rule ID it reports; the message
     ends with the rule's anchor in CONTRACT.md, so a log line leads to the rule."""
@@ -18,6 +31,11 @@ class BridgeError(Exception):
         super().__init__(f"[{rule}] {message} (see {CONTRACT_PATH}#{rule.lower()})")
         self.rule = rule
         self.detail = message
+
+
+class InvalidArgumentError(BridgeError, TypeError, ValueError):
+    """An argument has the wrong type or value for a parameter with no more specific rule
+    (flags that must be bool, timeouts, backends, test controls)."""
 
 
 class InvalidSpecError(BridgeError, ValueError):
@@ -52,8 +70,22 @@ class ComputeError(BridgeError):
     """A compute event failed on the backend."""
 
 
+class BackendFailureError(BridgeError):
+    """The backend failed outside an allocation, copy, compute or view (a generation change,
+    a subscription); reported after the bridge finished its own bookkeeping."""
+
+
+class DeviceFreeError(BackendFailureError):
+    """The backend failed to release memory. The allocation is dead anyway (freed or stale)
+    and is never released again: the failure is reported, not retried."""
+
+
 class InvalidViewError(BridgeError, ValueError):
     """A tinygrad view's shape, dtype or offset does not fit its allocation."""
+
+
+class WaitTimeoutError(BridgeError, TimeoutError):
+    """An event was not done when its wait's timeout passed (also a TimeoutError)."""
 
 
 class InvalidHandleError(BridgeError):
@@ -72,6 +104,7 @@ ERRORS: dict[str, type[BridgeError]] = {
     cls.__name__: cls
     for cls in (
         BridgeError,
+        InvalidArgumentError,
         InvalidSpecError,
         RangeError,
         RingFullError,
@@ -80,9 +113,12 @@ ERRORS: dict[str, type[BridgeError]] = {
         OutputCopyError,
         OutputNotReadyError,
         ComputeError,
+        BackendFailureError,
+        DeviceFreeError,
         InvalidViewError,
         InvalidHandleError,
         StaleHandleError,
         LifecycleError,
+        WaitTimeoutError,
     )
 }

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from devbridge.errors import BridgeError
+from devbridge.errors import BridgeError, InvalidArgumentError, WaitTimeoutError, short
 from devbridge.types import DeviceHandle, DeviceRange, HostRange
 
 if TYPE_CHECKING:
@@ -37,18 +39,34 @@ class Event:
         return self._error
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until done; raise the event's failure. TimeoutError if `timeout` passes first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
+        `timeout` seconds pass first (WAIT-1): the wait blocks on the backend, never spins."""
+        deadline = _deadline(timeout)
         while not self.done():
-            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if not self._bridge._wait_backend(self, remaining) and remaining == 0.0:
-                raise TimeoutError(f"{self!r} not done after {timeout} s")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise WaitTimeoutError("WAIT-1", f"{self!r} not done after {timeout} s")
+            self._bridge._wait_backend(self, remaining)
         if self._error is not None:
             raise self._error
 
     def _settle(self, error: BridgeError | None) -> None:
         self._error = error
         self._done = True
+
+
+def _deadline(timeout: object) -> float | None:
+    """When a wait of `timeout` seconds ends (None: never). ARG-1 for anything but None or a
+    non-negative number."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout) if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) else math.nan
+    except (ArithmeticError, TypeError, ValueError):  # too large for a float, or a broken number type
+        seconds = math.nan
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidArgumentError("ARG-1", f"timeout must be None or seconds >= 0, got {short(timeout)}")
+    return None if math.isinf(seconds) else time.monotonic() + seconds
 
 
 class CopyEvent(Event):
@@ -97,6 +115,7 @@ class ComputeEvent(Event):
 
     def wait(self, timeout: float | None = None) -> None:
         """Waiting declares the compute work submitted: an open event is closed first."""
+        _deadline(timeout)  # a refused timeout leaves the event open
         if self.open:
             self.open = False
             self._bridge._closed(self)

@@ -16,8 +16,11 @@ from __future__ import annotations
 import threading
 from bisect import bisect_right
 
-from devbridge.errors import OutputNotReadyError, RangeError, RingFullError
-from devbridge.types import HostRange
+from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
+from devbridge.types import HostRange, as_count
+
+#: Largest ring the bridge allocates (1 TiB): more is a caller's bug, not a request.
+MAX_CAPACITY = 1 << 40
 
 Span = tuple[int, int]  # [start, end) in stream bytes
 
@@ -42,10 +45,15 @@ def _overlaps(spans: list[Span], r: HostRange) -> bool:
 
 class HostRing:
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise RangeError("RANGE-1", f"ring capacity must be a positive int, got {capacity!r}")
-        self.capacity = capacity
-        self._memory = memoryview(bytearray(capacity))
+        size = as_count(capacity)
+        if size is None or not 0 < size <= MAX_CAPACITY:
+            raise RangeError("RANGE-1", f"ring capacity must be an int in [1, 2**40], got {short(capacity)}")
+        try:
+            memory = bytearray(size)
+        except MemoryError as e:
+            raise RangeError("RANGE-1", f"cannot allocate a ring of {size} B") from e
+        self.capacity = size
+        self._memory = memoryview(memory)
         self._lock = threading.RLock()
         self._head = 0
         # Unreleased bytes, one span per reservation (split by partial releases), sorted.
@@ -69,36 +77,43 @@ class HostRing:
         return self._head
 
     def reserve(self, nbytes: int) -> HostRange:
-        """Reserve `nbytes` contiguous bytes; RingFullError if they do not fit (RING-2)."""
+        """Reserve `nbytes` contiguous bytes. A reservation that fits in the free space
+        always succeeds; RingFullError otherwise, nothing overwritten (RING-2)."""
+        n = as_count(nbytes)
+        if n is None or n <= 0:
+            raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
+        if n > self.capacity:
+            raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
         with self._lock:
-            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-                raise RangeError("RANGE-1", f"reservation size must be a positive int, got {nbytes!r}")
             pos = self._head % self.capacity
-            start = self._head if pos + nbytes <= self.capacity else self._head + self.capacity - pos
-            free = self.capacity - (start - self.cursor)
-            if nbytes > free:
-                raise RingFullError(
-                    "RING-2", f"reserving {nbytes} B needs {nbytes - free} B more than the ring has free"
-                )
+            start = self._head if pos + n <= self.capacity else self._head + self.capacity - pos
+            # Bytes skipped at a lap's end are free: with nothing unreleased, the whole ring is.
+            oldest = self._starts[0] if self._starts else start
+            if start + n - oldest > self.capacity:
+                raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {self._largest_free()} B")
             self._starts.append(start)
-            self._ends.append(start + nbytes)
-            self._head = start + nbytes
-            return HostRange(self, start, nbytes)
+            self._ends.append(start + n)
+            self._head = start + n
+            return HostRange._made(self, start, n)
 
     def view(self, r: HostRange) -> memoryview:
-        """Writable bytes of an unreleased range; refused while an output copy into it is not valid."""
+        """The bytes of an unreleased range: writable, except read-only while an input copy
+        still reads them (H2D-3); refused while an output copy into them is not valid (D2H-3)."""
         with self._lock:
             self._check_live(r, "RING-3")
             if _overlaps(self._writes, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} are still being copied from the device")
             if _overlaps(self._failed, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
-            return self.raw(r)
+            view = self.raw(r)
+            return view.toreadonly() if _overlaps(self._reads, r) else view
 
     def released(self, r: HostRange) -> bool:
-        """Whether every byte of `r` is released."""
+        """Whether every byte of `r` is released. Bytes never reserved are an error (RING-1)."""
         with self._lock:
             self._check_ring(r)
+            if r.end > self._head:
+                raise RangeError("RING-1", f"host bytes {_fmt(r)} were never reserved (head is {self._head})")
             i = max(bisect_right(self._starts, r.start) - 1, 0)
             while i < len(self._starts) and self._starts[i] < r.end:
                 if self._ends[i] > r.start:
@@ -120,7 +135,7 @@ class HostRing:
     def unreleased(self) -> list[HostRange]:
         """The unreleased spans, oldest first."""
         with self._lock:
-            return [HostRange(self, s, e - s) for s, e in zip(self._starts, self._ends, strict=True)]
+            return [HostRange._made(self, s, e - s) for s, e in zip(self._starts, self._ends, strict=True)]
 
     # ------------------------------------------------------------ Bridge API
 
@@ -160,7 +175,7 @@ class HostRing:
             for span in self._reads:
                 pieces = _minus(pieces, span)
             for s, e in pieces:
-                self._cut(HostRange(self, s, e - s))
+                self._cut(HostRange._made(self, s, e - s))
 
     def begin_write(self, r: HostRange) -> None:
         with self._lock:
@@ -188,9 +203,18 @@ class HostRing:
 
     # ------------------------------------------------------------ mechanics
 
+    def _largest_free(self) -> int:
+        """The longest reservation that would fit now (for messages)."""
+        if not self._starts:
+            return self.capacity
+        oldest, pos = self._starts[0], self._head % self.capacity
+        tail = min(self.capacity - pos, self.capacity - (self._head - oldest))
+        front = self.capacity - (self._head + self.capacity - pos - oldest)
+        return max(tail, front, 0)
+
     def _check_ring(self, r: HostRange) -> None:
         if not isinstance(r, HostRange) or r.ring is not self:
-            raise RangeError("RANGE-1", f"{r!r} is not a range of this ring")
+            raise RangeError("RANGE-1", f"{short(r)} is not a range of this ring")
 
     def _find(self, r: HostRange) -> int:
         """Index of the unreleased span holding all of `r`, or -1."""

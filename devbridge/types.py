@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from devbridge.errors import InvalidSpecError, InvalidViewError, RangeError
+import numpy as np
+
+from devbridge.errors import InvalidHandleError, InvalidSpecError, InvalidViewError, RangeError, short
 
 if TYPE_CHECKING:
     from devbridge.ring import HostRing
@@ -29,8 +31,21 @@ DTYPE_SIZES: dict[str, int] = {
 }
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+#: Largest allocation extent the bridge asks a backend for (256 TiB: beyond any device's memory).
+MAX_EXTENT = 1 << 48
+
+
+def as_count(value: object) -> int | None:
+    """`value` as a plain int when it is an integer (numpy integers included), else None.
+    bool is not a count: `True` as a size is a caller's bug, not 1."""
+    if type(value) is int:
+        return value
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except Exception:  # an int subclass whose __int__ fails
+            return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +58,20 @@ class TensorViewSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, tuple) or not self.shape:
-            raise InvalidViewError("VIEW-2", f"shape must be a non-empty tuple, got {self.shape!r}")
-        if not all(_is_count(d) and d > 0 for d in self.shape):
-            raise InvalidViewError("VIEW-2", f"shape dimensions must be positive ints, got {self.shape!r}")
-        if self.dtype not in DTYPE_SIZES:
-            raise InvalidViewError("VIEW-2", f"unknown dtype {self.dtype!r}")
-        if not _is_count(self.offset) or self.offset < 0:
-            raise InvalidViewError("VIEW-2", f"offset must be a non-negative int, got {self.offset!r}")
+            raise InvalidViewError("VIEW-2", f"shape must be a non-empty tuple, got {short(self.shape)}")
+        counts = [as_count(d) for d in self.shape]
+        dims = tuple(d for d in counts if d is not None and d > 0)
+        if len(dims) != len(counts):
+            raise InvalidViewError("VIEW-2", f"shape dimensions must be positive ints, got {short(self.shape)}")
+        if type(self.dtype) is not str or self.dtype not in DTYPE_SIZES:
+            raise InvalidViewError("VIEW-2", f"unknown dtype {short(self.dtype)}")
+        offset = as_count(self.offset)
+        if offset is None or offset < 0:
+            raise InvalidViewError("VIEW-2", f"offset must be a non-negative int, got {short(self.offset)}")
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "offset", offset)
+        if math.prod(dims) * DTYPE_SIZES[self.dtype] > MAX_EXTENT:
+            raise InvalidViewError("VIEW-2", f"a view of shape {short(dims)} is larger than any allocation")
         if self.offset % DTYPE_SIZES[self.dtype]:
             raise InvalidViewError(
                 "VIEW-2", f"offset {self.offset} is not aligned to {self.dtype} ({DTYPE_SIZES[self.dtype]} B)"
@@ -74,12 +96,14 @@ class ObjectSpec:
     view: TensorViewSpec | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidSpecError("SPEC-1", f"object name must be a non-empty str, got {self.name!r}")
-        if not isinstance(self.role, str) or not self.role:
-            raise InvalidSpecError("SPEC-1", f"role must be a non-empty str, got {self.role!r}")
-        if self.dtype not in DTYPE_SIZES:
-            raise InvalidSpecError("SPEC-1", f"unknown dtype {self.dtype!r}; known: {sorted(DTYPE_SIZES)}")
+        if type(self.name) is not str or not self.name:
+            raise InvalidSpecError("SPEC-1", f"object name must be a non-empty str, got {short(self.name)}")
+        if type(self.role) is not str or not self.role:
+            raise InvalidSpecError("SPEC-1", f"role must be a non-empty str, got {short(self.role)}")
+        if type(self.dtype) is not str or self.dtype not in DTYPE_SIZES:
+            raise InvalidSpecError("SPEC-1", f"unknown dtype {short(self.dtype)}; known: {sorted(DTYPE_SIZES)}")
+        if self.view is not None and not isinstance(self.view, TensorViewSpec):
+            raise InvalidSpecError("SPEC-1", f"a role's view must be a TensorViewSpec or None, got {short(self.view)}")
         if self.view is not None and self.view.dtype != self.dtype:
             raise InvalidSpecError("SPEC-1", f"role view dtype {self.view.dtype} is not {self.dtype}")
 
@@ -90,38 +114,51 @@ class ObjectSpec:
 
 @dataclass(frozen=True, slots=True)
 class DeviceHandle:
-    """A device allocation as the worker sees it. Only a Bridge makes these."""
+    """A device allocation as the worker sees it: a capability only a Bridge makes.
+
+    The Bridge never trusts these fields: it resolves the handle to its own record
+    of the allocation and uses only the record. `seal` binds the fields to the
+    Bridge that issued them, so an altered or hand-built handle is refused (HANDLE-1).
+    """
 
     id: int
     generation: int
     extent: int
     spec: ObjectSpec
     owner: int = field(repr=False)  # the Bridge that made it
+    seal: int = field(default=0, repr=False, compare=False)
 
 
-def _check_range(what: str, offset: object, nbytes: object) -> None:
-    if not _is_count(offset) or not _is_count(nbytes):
-        raise RangeError("RANGE-1", f"{what} offset and size must be ints, got {offset!r}, {nbytes!r}")
-    assert isinstance(offset, int) and isinstance(nbytes, int)
-    if offset < 0 or nbytes <= 0:
-        raise RangeError("RANGE-1", f"{what} needs offset >= 0 and size > 0, got {offset}, {nbytes}")
+def _range_fields(what: str, offset: object, nbytes: object) -> tuple[int, int]:
+    """Offset and size as ints: offset >= 0, size > 0 (RANGE-1)."""
+    o, n = as_count(offset), as_count(nbytes)
+    if o is None or n is None:
+        raise RangeError("RANGE-1", f"{what} offset and size must be ints, got {short(offset)}, {short(nbytes)}")
+    if o < 0 or n <= 0:
+        raise RangeError("RANGE-1", f"{what} needs offset >= 0 and size > 0, got {o}, {n}")
+    return o, n
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceRange:
-    """`nbytes` bytes of an allocation starting at byte `offset`."""
+    """`nbytes` bytes of an allocation starting at byte `offset`. Checked here against the
+    handle's extent; the Bridge checks it again against its own record of the allocation."""
 
     handle: DeviceHandle
     offset: int
     nbytes: int
 
     def __post_init__(self) -> None:
-        _check_range("device range", self.offset, self.nbytes)
-        if self.offset + self.nbytes > self.handle.extent:
-            raise RangeError(
-                "RANGE-1",
-                f"device range [{self.offset}, {self.offset + self.nbytes}) exceeds extent {self.handle.extent}",
-            )
+        if not isinstance(self.handle, DeviceHandle):
+            raise InvalidHandleError("HANDLE-1", f"a device range needs a DeviceHandle, got {short(self.handle)}")
+        offset, nbytes = _range_fields("device range", self.offset, self.nbytes)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "nbytes", nbytes)
+        extent = as_count(self.handle.extent)
+        if extent is None:
+            raise InvalidHandleError("HANDLE-1", f"{short(self.handle)} has no integer extent")
+        if offset + nbytes > extent:
+            raise RangeError("RANGE-1", f"device range [{offset}, {offset + nbytes}) exceeds extent {extent}")
 
     @property
     def end(self) -> int:
@@ -137,7 +174,22 @@ class HostRange:
     nbytes: int
 
     def __post_init__(self) -> None:
-        _check_range("host range", self.start, self.nbytes)
+        from devbridge.ring import HostRing  # ring.py imports this module
+
+        if not isinstance(self.ring, HostRing):
+            raise RangeError("RANGE-1", f"a host range needs a HostRing, got {short(self.ring)}")
+        start, nbytes = _range_fields("host range", self.start, self.nbytes)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "nbytes", nbytes)
+
+    @classmethod
+    def _made(cls, ring: HostRing, start: int, nbytes: int) -> HostRange:
+        """A range the ring made itself, known valid: built without the checks (the hot path)."""
+        r = object.__new__(cls)
+        _set(r, "ring", ring)
+        _set(r, "start", start)
+        _set(r, "nbytes", nbytes)
+        return r
 
     @property
     def end(self) -> int:
@@ -145,7 +197,10 @@ class HostRange:
 
     def sub(self, offset: int, nbytes: int) -> HostRange:
         """The part of this range at `offset` (relative), `nbytes` long."""
-        _check_range("host sub-range", offset, nbytes)
-        if offset + nbytes > self.nbytes:
-            raise RangeError("RANGE-1", f"sub-range [{offset}, {offset + nbytes}) exceeds {self.nbytes} bytes")
-        return HostRange(self.ring, self.start + offset, nbytes)
+        o, n = _range_fields("host sub-range", offset, nbytes)
+        if o + n > self.nbytes:
+            raise RangeError("RANGE-1", f"sub-range [{o}, {o + n}) exceeds {self.nbytes} bytes")
+        return HostRange._made(self.ring, self.start + o, n)
+
+
+_set = object.__setattr__  # fills a frozen range without running its checks again

@@ -32,7 +32,7 @@ from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.bridge import Bridge
-from devbridge.errors import BridgeError, DeviceAllocationError, RingFullError
+from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError
 from devbridge.events import Event
 from devbridge.ring import HostRing
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
@@ -63,6 +63,7 @@ class Summary:
     deferred_frees: int
     faults_injected: int
     faults_recovered: int
+    free_failures: int  # backend frees that failed: reported by the bridge (FREE-3), not retried
     restarts: int
     overlapped_computes: int  # computes issued while another object's upload was in flight
     producer_blocked_s: float  # time the producer waited for ring space
@@ -162,6 +163,7 @@ class Worker:
         self.delivered: Counter[int] = Counter()
         self.wrong = 0
         self.failures_retried = 0
+        self.free_failures = 0
         self.restarts = 0
         self.overlapped = 0
         self.producer_blocked_s = 0.0
@@ -190,7 +192,7 @@ class Worker:
         try:
             while sum(self.delivered.values()) < self.objects or self.jobs:
                 self.pump()
-                self.bridge.poll()
+                self.reported(self.bridge.poll)
                 while len(self.jobs) < self.window:
                     try:
                         k, src = producer.ready.get(timeout=0 if self.jobs else 0.05)
@@ -240,10 +242,18 @@ class Worker:
                     raise
                 self.failures_retried += 1
 
+    def reported(self, call: Callable[..., object], *args: object) -> None:
+        """A call that may report a failed backend free (FREE-3): the bridge finished its own
+        work and will never free that memory again, so the worker counts it and goes on."""
+        try:
+            call(*args)
+        except DeviceFreeError:
+            self.free_failures += 1
+
     def restart(self) -> None:
         """Restart mid-flight: every job starts over in the new generation from its kept input."""
         self.weights.clear()  # old views must go: they pin old memory
-        self.bridge.restart()
+        self.reported(self.bridge.restart)
         self.restarts += 1
         for job in self.jobs:
             if job.event is not None and not job.event.done():
@@ -319,7 +329,7 @@ class Worker:
             yv = self.bridge.wrap_for_tinygrad(job.y, self.y_view)
             yv.assign(((xv @ w["w1"] + w["b1"]).relu() @ w["w2"]) + w["b2"]).realize()
             del xv, yv  # views pin their allocations while they live
-        self.bridge.free_device(job.x)  # deferred until the compute event completes
+        self.reported(self.bridge.free_device, job.x)  # deferred until the compute event completes
         job.x = None
         job.event = event
         job.stage = "compute"
@@ -346,7 +356,7 @@ class Worker:
         self.inputs.release(job.src)  # the object is done: its input may go
         with self.space:
             self.space.notify_all()
-        self.bridge.free_device(job.y)
+        self.reported(self.bridge.free_device, job.y)
         self.jobs.remove(job)
 
     # ------------------------------------------------------------ results
@@ -371,6 +381,7 @@ class Worker:
             deferred_frees=stats["deferred_frees"],
             faults_injected=injected,
             faults_recovered=self.failures_retried,
+            free_failures=self.free_failures,
             restarts=self.restarts,
             overlapped_computes=self.overlapped,
             producer_blocked_s=self.producer_blocked_s,
@@ -393,6 +404,10 @@ def fake_pump(fake: FakeBackend, seed: int) -> Callable[[], None]:
     return pump
 
 
+#: What `--faults` fails at random: allocations, copies, frees and event queries.
+RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
+
+
 def run_demo(
     objects: int = 1500,
     backend: str = "tinygrad",
@@ -404,7 +419,7 @@ def run_demo(
 ) -> Summary:
     inner = make_backend(backend, device)
     pump = fake_pump(inner, seed) if isinstance(inner, FakeBackend) else None
-    wrapped = FaultyBackend(inner, rate=faults, seed=seed) if faults else inner
+    wrapped = FaultyBackend(inner, rate=faults, seed=seed, random_ops=RANDOM_FAULTS) if faults else inner
     worker = Worker(wrapped, objects, seed=seed, restart_every=restart_every, pump=pump)
     start = time.perf_counter()
     worker.run(progress)

@@ -43,7 +43,7 @@ class Bound:
 
     allocations: int = 2  # successful allocations
     restarts: int = 2
-    faults: int = 1  # injected failures (alloc, copy, compute) along one path
+    faults: int = 1  # injected failures (alloc, copy, compute, free, query) along one path
     in_flight: int = 3  # uses in flight per allocation (copies, computes, views)
     depth: int = 6  # actions per path
 
@@ -96,7 +96,8 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
         actions += [("alloc", f) for f in can_fail]
     for a in range(len(s.handles)):
         busy = len(m.allocs[a].uses) >= bound.in_flight
-        actions.append(("free", a))
+        # a failing free: this allocation's (at once) or the next release (deferred by its uses)
+        actions += [("free", a, f) for f in can_fail if not (f and m._use_rejection(a))]
         if not busy:
             actions += [("h2d", a, sync, f) for sync in (True, False) for f in can_fail]
             actions += [("d2h", a, sync, f) for sync in (True, False) for f in can_fail]
@@ -105,9 +106,13 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
         actions += [("raw", a, "copy_end"), ("raw", a, "compute_end"), ("raw", a, "restart")]
     actions.append(("oob", 0))
     if m.generation < bound.restarts:
-        actions.append(("restart",))
+        actions += [("restart", f) for f in can_fail]  # a failing free: the first one it releases, or later
     for use in sorted(s.pending):
         actions += [("complete", use, f) for f in can_fail]
+        if faults_used < bound.faults:
+            actions.append(("query", use))  # the backend's query fails: the event fails
+    if m.unreported:
+        actions.append(("poll",))  # reports the deferred frees that failed
     actions += [("drop", use) for use in sorted(s.views)]
     for k, r in enumerate(s.reservations):
         if set(s.span(r)) <= m.unreleased:
@@ -130,6 +135,8 @@ def apply(s: Lockstep, action: Action) -> None:
     if kind == "alloc":
         s.alloc(EXTENT, action[1])
     elif kind == "free":
+        if action[2]:
+            s.arm_free_fault()
         s.free(s.handles[action[1]])
     elif kind == "h2d":
         _, a, sync, fails = action
@@ -150,7 +157,13 @@ def apply(s: Lockstep, action: Action) -> None:
         s.drop_view(action[1])
     elif kind == "complete":
         s.complete(action[1], action[2])
+    elif kind == "query":
+        s.query_fails(action[1], via_poll=False)
+    elif kind == "poll":
+        s.poll(0)
     elif kind == "restart":
+        if action[1]:
+            s.arm_free_fault()
         s.restart()
     elif kind == "release":
         s.release(s.reservations[action[1]])
@@ -172,8 +185,11 @@ def apply(s: Lockstep, action: Action) -> None:
         raise ValueError(f"unknown action {action}")
 
 
+FAULTABLE = ("alloc", "free", "restart", "h2d", "d2h", "compute", "complete")
+
+
 def faults_in(path: Iterable[Action]) -> int:
-    return sum(1 for a in path if a[0] in ("alloc", "h2d", "d2h", "compute", "complete") and a[-1] is True)
+    return sum(1 for a in path if a[0] == "query" or (a[0] in FAULTABLE and a[-1] is True))
 
 
 def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
@@ -182,14 +198,15 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
     allocs = []
     for a, alloc in m.allocs.items():
         uses = tuple(sorted((m.uses[u].kind, m.uses[u].fails) for u in alloc.uses))
-        allocs.append((m.state(a), m.generation - alloc.generation, alloc.released, uses))
+        allocs.append((m.state(a), m.generation - alloc.generation, alloc.released, alloc.free_failed, uses))
     leftovers = []
     for r in s.reservations:
         span = set(s.span(r))
         if span & m.unreleased:
             held = any(use.host is not None and span & set(use.host) for use in m.uses.values())
             leftovers.append((bool(span & m.failed), held, len(span & m.unreleased)))
-    return (m.generation, faults_used, len(s.views), tuple(sorted(allocs)), tuple(sorted(leftovers)))
+    frees = (m.free_faults, m.unreported)  # armed free faults, failed deferred frees poll will report
+    return (m.generation, faults_used, frees, len(s.views), tuple(sorted(allocs)), tuple(sorted(leftovers)))
 
 
 # ------------------------------------------------------------ search

@@ -130,9 +130,26 @@ class Lockstep:
         self.expect(outcome, lambda: self.bridge.free_device(h), code)
 
     def restart(self) -> None:
-        self.emit("bridge.restart()")
-        self.model.restart()
-        self.bridge.restart()
+        outcome = self.model.restart()
+        if outcome is None:
+            self.emit("bridge.restart()")
+        self.expect(outcome, self.bridge.restart, "bridge.restart()")
+
+    def arm_free_fault(self) -> None:
+        """The next backend free fails (whichever allocation it is for, whenever it happens)."""
+        self.emit('fake.fail_next("free")')
+        self.fake.fail_next("free")
+        self.model.arm_free_faults()
+
+    def poll(self, finished: int) -> None:
+        """bridge.poll() after `finished` uses ended since the last bridge call (views dropped,
+        events failed by a query): returns that count, or reports deferred frees that failed."""
+        outcome = self.model.poll(finished)
+        if isinstance(outcome, int):
+            self.emit(f"assert bridge.poll() == {outcome}")
+        got = self.expect(outcome, self.bridge.poll, "bridge.poll()")
+        if isinstance(outcome, int):
+            assert got == outcome, (got, outcome)
 
     def reserve(self, n: int) -> HostRange | None:
         outcome = self.model.reserve(n)
@@ -145,11 +162,32 @@ class Lockstep:
         return r  # type: ignore[no-any-return]
 
     def fill(self, r: HostRange, data: bytes) -> None:
+        """The producer writes through ring.view; while an input copy reads any of the bytes the
+        view is read-only (H2D-3): writing through it fails and changes nothing."""
         outcome = self.model.view_rejection(self.span(r))
+        if outcome is None and self.model.view_readonly(self.span(r)):
+            self.emit(
+                f"assert ring.view({self.rname(r)}).readonly",
+                "with pytest.raises(TypeError):",
+                f"    ring.view({self.rname(r)})[:] = {data!r}",
+            )
+            view = self.ring.view(r)
+            assert view.readonly is True, f"host bytes {r} under an input copy are writable"
+            before = self.snapshot()
+            try:
+                view[:] = data
+            except TypeError:
+                pass
+            else:
+                raise AssertionError(f"wrote through a read-only view of {r}")
+            assert self.snapshot() == before, "a refused write changed something"
+            return
         code = f"ring.view({self.rname(r)})[:] = {data!r}"
 
         def write() -> None:
-            self.ring.view(r)[:] = data
+            view = self.ring.view(r)
+            assert view.readonly is False, f"host bytes {r} no input copy reads are read-only"
+            view[:] = data
 
         if outcome is None:
             self.emit(code)
@@ -167,6 +205,17 @@ class Lockstep:
         if outcome is None:
             assert got == expected
 
+    def released(self, start: int, n: int) -> None:
+        """ring.released of any range, reserved or not (bytes never reserved: RING-1)."""
+        outcome = self.model.released(range(start, start + n))
+        r = HostRange(self.ring, start, n)
+        code = f"ring.released(HostRange(ring, {start}, {n}))"
+        if isinstance(outcome, bool):
+            self.emit(f"assert {code} is {outcome}")
+        got = self.expect(outcome, lambda: self.ring.released(r), code)
+        if isinstance(outcome, bool):
+            assert got is outcome, (got, outcome)
+
     def release(self, r: HostRange) -> None:
         outcome = self.model.release(self.span(r))
         code = f"ring.release({self.rname(r)})"
@@ -175,7 +224,14 @@ class Lockstep:
         self.expect(outcome, lambda: self.ring.release(r), code)
 
     def host_to_device(
-        self, src: HostRange, h: DeviceHandle, d_off: int, sync: bool, fails: bool, release: bool = True
+        self,
+        src: HostRange,
+        h: DeviceHandle,
+        d_off: int,
+        sync: bool,
+        fails: bool,
+        release: bool = True,
+        lost: bool = False,
     ) -> None:
         outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails, release)
         if fails and not isinstance(outcome, Reject):  # the call reaches the backend: arm the fault
@@ -186,23 +242,35 @@ class Lockstep:
             f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), "
             f"sync={sync}, release={release})"
         )
-        self._copy(outcome, lambda: self.bridge.host_to_device(src, dst, sync=sync, release=release), code)
+        self._copy(outcome, lambda: self.bridge.host_to_device(src, dst, sync=sync, release=release), code, sync, lost)
 
-    def device_to_host(self, h: DeviceHandle, d_off: int, dst: HostRange, sync: bool, fails: bool) -> None:
+    def device_to_host(
+        self, h: DeviceHandle, d_off: int, dst: HostRange, sync: bool, fails: bool, lost: bool = False
+    ) -> None:
         outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails)
         if fails and not isinstance(outcome, Reject):
             self.fake.fail_next("copy_out")
             self.emit('fake.fail_next("copy_out")')
         src = DeviceRange(h, d_off, dst.nbytes)
         code = f"bridge.device_to_host(DeviceRange(h{h.id}, {d_off}, {dst.nbytes}), {self.rname(dst)}, sync={sync})"
-        self._copy(outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code)
+        self._copy(outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code, sync, lost)
 
-    def _copy(self, outcome: object, call: Callable[[], Event], code: str) -> None:
+    def _copy(self, outcome: object, call: Callable[[], Event], code: str, sync: bool, lost: bool) -> None:
+        """With `lost`, the backend's query of an accepted asynchronous copy, right after it is
+        submitted, fails: the copy returns an event that is already done and failed."""
+        lost = lost and isinstance(outcome, int) and not sync
+        if lost:
+            self.emit('fake.fail_next("query")')
+            self.fake.fail_next("query")
         if isinstance(outcome, int):
             self.emit(f"e{outcome} = {code}")
         event = self.expect(outcome, call, code)
         if isinstance(outcome, int):
-            self.track(outcome, event)
+            if lost:
+                assert event.use_id == outcome, (event.use_id, outcome)
+                self.settled(outcome, event, self.model.finish(outcome, failed=True))
+            else:
+                self.track(outcome, event)
 
     def compute(self, handles: list[DeviceHandle], fails: bool) -> None:
         outcome = self.model.compute([h.id for h in handles], fails)
@@ -227,10 +295,10 @@ class Lockstep:
             self.views[outcome] = tensor
 
     def drop_view(self, use: int) -> None:
-        self.emit(f"del v{use}", "assert bridge.poll() == 1")
+        self.emit(f"del v{use}")
         del self.views[use]  # the finalizer queues the end of the use; the bridge applies it on its next call
         self.model.finish(use)  # a view's end is reported to nobody, aborted by a restart or not
-        assert self.bridge.poll() == 1
+        self.poll(1)
 
     def complete(self, use: int, failed: bool) -> None:
         event = self.pending.pop(use)
@@ -241,6 +309,41 @@ class Lockstep:
         else:
             self.emit(f"fake.complete(e{use})")
             self.fake.complete(event)
+        self.settled(use, event, expected)
+
+    def query_fails(self, use: int, via_poll: bool) -> None:
+        """The backend's query of pending event `use` fails: the device gave up the work, and the
+        bridge settles the event as failed (an abort, if a restart ended its generation). The
+        query comes from event.done(), or from bridge.poll() (which queries the oldest first)."""
+        event = self.pending.pop(use)
+        self.emit('fake.fail_next("query")')
+        self.fake.fail_next("query")
+        expected = self.model.finish(use, failed=True)
+        if via_poll:
+            assert use == min([use, *self.pending]), "poll queries the oldest pending event first"
+            self.poll(1)
+        else:
+            self.emit(f"assert e{use}.done()")
+            assert event.done()
+        self.settled(use, event, expected)
+
+    def wait_fails(self, use: int) -> None:
+        """The backend's wait on pending event `use` fails (its query does not): the event
+        fails as for a failed completion, and wait raises the event's error."""
+        event = self.pending.pop(use)
+        self.emit('fake.fail_next("wait")')
+        self.fake.fail_next("wait")
+        expected = self.model.finish(use, failed=True)
+        assert expected is not None
+        self.expect(Fail(*expected), lambda: event.wait(timeout=1), f"e{use}.wait(timeout=1)")
+        self.settled(use, event, expected)
+
+    def wait_times_out(self, use: int) -> None:
+        """Waiting no time on a pending event: WaitTimeoutError (WAIT-1), nothing changes."""
+        event = self.pending[use]
+        self.expect(Reject("WaitTimeoutError", "WAIT-1"), lambda: event.wait(timeout=0), f"e{use}.wait(timeout=0)")
+
+    def settled(self, use: int, event: Event, expected: tuple[str, str] | None) -> None:
         assert event.done()
         error = event.error
         if expected is None:
@@ -256,22 +359,27 @@ class Lockstep:
         states = [self.model.state(h.id) for h in self.handles]
         freed = self.model.frees
         cursor = self.model.cursor()
+        frees = {"backend_frees": len(freed) - self.model.free_failures, "free_failures": self.model.free_failures}
         if self.record:
             self.emit(
                 f"assert [bridge.state(h) for h in [{', '.join(f'h{h.id}' for h in self.handles)}]] == {states!r}",
                 f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {freed!r}",
+                f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}",
                 f"assert ring.cursor == {cursor}",
             )
         assert [self.bridge.state(h) for h in self.handles] == states, "states differ from the model"
         assert [c.buffer for c in self.fake.calls if c.op == "free"] == freed, (
-            "backend frees differ (none while in use, each exactly once)"
+            "backend frees differ (none while in use, each exactly once, failed or not)"
         )
+        stats = self.bridge.stats()
+        assert {k: stats[k] for k in frees} == frees, "backend free counts differ"
         assert self.fake.violations == []
         assert self.ring.cursor >= self.cursor, "cursor moved backwards"
         assert self.ring.cursor == cursor, "cursor passed an unreleased byte or stopped early"
         self.cursor = self.ring.cursor
         for k, r in enumerate(self.reservations):
-            released = not set(self.span(r)) & self.model.unreleased
+            released = self.model.released(self.span(r))
+            assert isinstance(released, bool), "a reservation's bytes were reserved"
             self.emit(f"assert ring.released(r{k}) is {released}")
             assert self.ring.released(r) == released, f"release status of {r}"
             if not released and set(self.span(r)) <= self.model.unreleased:
@@ -282,10 +390,10 @@ class Lockstep:
                 self.emit(f"assert bytes(fake.buffer({h.id}).data) == {bytes(alloc.data)!r}")
                 assert bytes(self.fake.buffer(h.id).data) == bytes(alloc.data), f"device bytes of #{h.id}"
         if not self.model.uses:
-            live = sum(not a.released for a in self.model.allocs.values())
-            self.emit(f"assert fake.live_allocations == {live}")
+            held = self.model.held()
+            self.emit(f"assert fake.live_allocations == {held}")
             assert self.model.quiescent_leaks() == []
-            assert self.fake.live_allocations == live, "a freed allocation is still held at quiescence"
+            assert self.fake.live_allocations == held, "a freed allocation is still held at quiescence"
 
     def probe_view(self, k: int, r: HostRange) -> None:
         """Host bytes are readable exactly when the model says so, and hold the model's bytes."""
@@ -300,8 +408,13 @@ class Lockstep:
                 raise AssertionError(f"host bytes {r} are readable; the model says {refused}")
         else:
             expected = self.model.read_host(self.span(r))
-            self.emit(f"assert bytes(ring.view(r{k})) == {expected!r}")
-            assert bytes(self.ring.view(r)) == expected, f"host bytes of {r}"
+            readonly = self.model.view_readonly(self.span(r))
+            self.emit(
+                f"assert bytes(ring.view(r{k})) == {expected!r}", f"assert ring.view(r{k}).readonly is {readonly}"
+            )
+            view = self.ring.view(r)
+            assert bytes(view) == expected, f"host bytes of {r}"
+            assert view.readonly is readonly, f"view of {r} readonly={view.readonly}, the model says {readonly}"
 
     def test_source(self) -> str:
         return "\n".join([*SCRIPT_HEADER, *self.script]) + "\n"

@@ -9,7 +9,14 @@ allocation's device bytes are, and which backend frees must have happened.
 Calls return `Reject(error, rule)` when the contract says the call is refused
 and changes nothing, `Fail(error, rule)` when the backend was asked and
 failed (counted; a failed synchronous output copy also leaves its range
-unreadable), and otherwise an id.
+unreadable; a failed free leaves the allocation dead all the same), and
+otherwise an id.
+
+Backend frees can be made to fail (`arm_free_faults`): each allocation gets
+exactly one release attempt, the next attempts consume the armed faults, and a
+failed one is reported where the release happened: by `free` (immediate), by
+`restart` (after every old allocation had its attempt), or, for a release a
+completion or a dropped view caused, by the next `poll`.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ class Alloc:
     data: bytearray
     freed_by_user: bool = False
     used: bool = False
-    released: bool = False  # released on the backend
+    released: bool = False  # its one backend free was attempted (never retried)
+    free_failed: bool = False  # ...and the backend refused it: the buffer is still held
     uses: set[int] = field(default_factory=set)  # use ids in flight
 
 
@@ -55,7 +63,10 @@ class ReferenceModel:
         self.generation = 0
         self.allocs: dict[int, Alloc] = {}
         self.uses: dict[int, Use] = {}
-        self.frees: list[int] = []  # backend frees, in order
+        self.frees: list[int] = []  # backend free attempts, in order (each allocation at most once)
+        self.free_faults = 0  # armed: the next backend frees fail
+        self.free_failures = 0  # backend frees that failed
+        self.unreported = 0  # deferred frees that failed since the last poll (which reports them)
         self.next_use = 0
         # host ring, byte by byte (stream offsets)
         self.capacity = ring_capacity
@@ -99,7 +110,8 @@ class ReferenceModel:
     def reserve(self, n: int) -> range | Reject:
         pos = self.head % self.capacity
         start = self.head if pos + n <= self.capacity else self.head + self.capacity - pos
-        if start + n - self.cursor() > self.capacity:
+        oldest = min(self.unreleased) if self.unreleased else start  # skipped bytes are free
+        if n > self.capacity or start + n - oldest > self.capacity:
             return Reject("RingFullError", "RING-2")
         r = range(start, start + n)
         self.reservations.append(r)
@@ -117,6 +129,7 @@ class ReferenceModel:
         """The producer writes bytes through ring.view."""
         if rejected := self.view_rejection(r):
             return rejected
+        assert not self.view_readonly(r), "a read-only view cannot be written"
         for b, v in zip(r, data, strict=True):
             self.memory[b % self.capacity] = v
         return None
@@ -127,6 +140,16 @@ class ReferenceModel:
         if set(r) & (self._pending("copy_out") | self.failed):
             return Reject("OutputNotReadyError", "D2H-3")
         return None
+
+    def view_readonly(self, r: range) -> bool:
+        """A view that is not refused is read-only while a pending input copy reads any of it (H2D-3)."""
+        return bool(set(r) & self._pending("copy_in"))
+
+    def released(self, r: range) -> bool | Reject:
+        """ring.released: every byte of `r` released; bytes never reserved are an error."""
+        if r.stop > self.head:
+            return Reject("RangeError", "RING-1")
+        return not set(r) & self.unreleased
 
     def read_host(self, r: range) -> bytes:
         return bytes(self.memory[b % self.capacity] for b in r)
@@ -151,14 +174,15 @@ class ReferenceModel:
         self.allocs[a] = Alloc(self.generation, bytearray(extent))
         return a
 
-    def free(self, a: int) -> Reject | None:
+    def free(self, a: int) -> Reject | Fail | None:
         state = self.state(a)
         if state.startswith("stale"):
             return Reject("StaleHandleError", "GEN-2")
         if state in ("freed", "free_pending"):
             return Reject("InvalidHandleError", "FREE-2")
         self.allocs[a].freed_by_user = True
-        self._release_if_done(a)
+        if self._release_if_done(a):
+            return Fail("DeviceFreeError", "FREE-3")  # freed all the same
         return None
 
     def host_to_device(
@@ -197,10 +221,23 @@ class ReferenceModel:
             return rejected
         return self._begin(Use("view", [a], self.generation), sync=False)
 
-    def restart(self) -> None:
+    def restart(self) -> Fail | None:
+        """Every old idle allocation gets its release, even after one failed; then any failure
+        is reported (the generation has advanced anyway)."""
         self.generation += 1
-        for a in self.allocs:
-            self._release_if_done(a)
+        failed = [a for a in self.allocs if self._release_if_done(a)]
+        return Fail("DeviceFreeError", "FREE-3") if failed else None
+
+    def poll(self, finished: int) -> int | Fail:
+        """bridge.poll, after it processed `finished` uses: reports the deferred frees that
+        failed since the last poll (and forgets them), else returns `finished`."""
+        if self.unreported:
+            self.unreported = 0
+            return Fail("DeviceFreeError", "FREE-3")
+        return finished
+
+    def arm_free_faults(self, times: int = 1) -> None:
+        self.free_faults += times
 
     # ------------------------------------------------------------ completions
 
@@ -225,7 +262,8 @@ class ReferenceModel:
                 self.failed |= set(use.host)
         for a in use.allocs:
             self.allocs[a].uses.discard(u)
-            self._release_if_done(a)
+            if self._release_if_done(a):
+                self.unreported += 1
         if aborted:
             return ("StaleHandleError", "GEN-1")
         if failed:
@@ -246,12 +284,23 @@ class ReferenceModel:
             self.finish(u)
         return u
 
-    def _release_if_done(self, a: int) -> None:
+    def _release_if_done(self, a: int) -> bool:
+        """Release a dead allocation nothing uses (once); whether that backend free failed."""
         alloc = self.allocs[a]
         dead = alloc.freed_by_user or alloc.generation != self.generation
         if dead and not alloc.uses and not alloc.released:
             alloc.released = True
             self.frees.append(a)
+            if self.free_faults:
+                self.free_faults -= 1
+                self.free_failures += 1
+                alloc.free_failed = True
+                return True
+        return False
+
+    def held(self) -> int:
+        """Buffers the backend still holds: live allocations, and dead ones whose free failed."""
+        return sum(not a.released or a.free_failed for a in self.allocs.values())
 
     def quiescent_leaks(self) -> list[int]:
         """With nothing in flight: allocations the worker freed (or a restart ended) not yet released."""

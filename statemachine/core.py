@@ -38,6 +38,7 @@ class Allocation:
     spec: Any
     memory: object  # the backend's buffer; opaque here
     state: str
+    handle: object = None  # the handle the Bridge issued for it; opaque here
     copies: int = 0
     computes: int = 0
 

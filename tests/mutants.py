@@ -83,7 +83,7 @@ def double_backend_free() -> Iterator[None]:
     def apply(self: Bridge, effects: Effects) -> None:
         original(self, effects)
         for record in effects.release:
-            self._release(record.memory)
+            self._release(record)
 
     with mock.patch.object(Bridge, "_apply", apply):
         yield
@@ -143,9 +143,9 @@ def view_does_not_pin() -> Iterator[None]:
     """A tinygrad view is not counted as a compute use of its allocation."""
     original = LifecycleCore.begin
 
-    def begin(self: LifecycleCore, kind: str, handles: Any, host: Any = None) -> InFlight:
+    def begin(self: LifecycleCore, kind: str, handles: Any, host: Any = None, keep_host: bool = False) -> InFlight:
         if kind != "view":
-            return original(self, kind, handles, host)
+            return original(self, kind, handles, host, keep_host)
         use = InFlight(self._next_use, kind, (), host, self.generation)
         self._inflight[use.id] = use
         self._next_use += 1

@@ -3,7 +3,9 @@
 `BridgeMachine` is a RuleBasedStateMachine over `devbridge.models.lockstep.Lockstep`
 (Bridge + FakeBackend + HostRing beside the reference model). Rules cover every
 bridge call, the worker's ring calls, completing or failing any pending event in
-any order, injected faults, and deliberately bad calls. After every step
+any order, injected faults (allocations, copies, computes, backend frees that
+fail at once, in a restart or deferred, queries and waits that fail), wait
+timeouts, near-capacity reservations, and deliberately bad calls. After every step
 `Lockstep.check` compares the implementation with the model and checks the
 spec's invariants. `COVERAGE` records which compiled spec candidates
 (transitions and rejections) the run exercised.
@@ -37,9 +39,15 @@ index = st.integers(0, 1 << 16)
 fault = st.sampled_from([False, False, False, True])
 mostly = st.sampled_from([True, True, True, False])
 MAX_HANDLES = 3
+MAX_FREE_FAULTS = 2
 
 
 COVERAGE = Coverage(default_table())
+
+
+def fire_code(handle: DeviceHandle, event: str) -> str:
+    """Source code sending a raw spec event to the core (for `Lockstep.script`)."""
+    return f"bridge._core.fire({handle.id}, {handle.generation}, {event!r})"
 
 
 class BridgeMachine(RuleBasedStateMachine):
@@ -55,8 +63,10 @@ class BridgeMachine(RuleBasedStateMachine):
     def handle(self, i: int) -> DeviceHandle:
         return self.s.handles[i % len(self.s.handles)]
 
-    def pick_range(self, i: int, off: int, n: int) -> HostRange:
-        r = self.s.reservations[i % len(self.s.reservations)]
+    def pick_range(self, i: int, off: int, n: int, live: bool = False) -> HostRange:
+        """A sub-range of a reservation; with `live`, of an unreleased span (if any)."""
+        spans = (self.s.ring.unreleased() if live else []) or self.s.reservations
+        r = spans[i % len(spans)]
         off %= r.nbytes
         return r.sub(off, 1 + (n - 1) % (r.nbytes - off))
 
@@ -83,13 +93,24 @@ class BridgeMachine(RuleBasedStateMachine):
     def alloc(self, extent: int, fails: bool) -> None:
         self.s.alloc(extent, fails)
 
+    def arm_free_fault(self, fails: bool) -> None:
+        """Make the next backend free fail, whichever it is (at most two armed at once)."""
+        if fails and self.s.model.free_faults < MAX_FREE_FAULTS:
+            self.s.arm_free_fault()
+
     @precondition(lambda self: self.s.handles)
-    @rule(i=index)
-    def free(self, i: int) -> None:
+    @rule(i=index, fails=fault)
+    def free(self, i: int, fails: bool = False) -> None:
+        """With `fails`, the backend refuses the next free: this one if immediate (FREE-3 from
+        free_device), else whichever release comes next (deferred: reported by the next poll)."""
+        self.arm_free_fault(fails)
         self.s.free(self.handle(i))
 
-    @rule()
-    def restart(self) -> None:
+    @rule(fails=fault)
+    def restart(self, fails: bool = False) -> None:
+        """With `fails`, one of the old idle allocations' frees fails: restart still releases the
+        others, then reports FREE-3."""
+        self.arm_free_fault(fails)
         self.s.restart()
 
     # ------------------------------------------------------------ ring
@@ -98,10 +119,33 @@ class BridgeMachine(RuleBasedStateMachine):
     def reserve(self, n: int) -> None:
         self.s.reserve(n)
 
+    @rule(n=st.integers(RING - 48, RING + 1), drain=mostly, keep=fault)
+    def reserve_most(self, n: int, drain: bool, keep: bool) -> None:
+        """A reservation of nearly the whole ring (or more than all of it: RING-2), usually after
+        releasing every span no copy holds: with nothing unreleased the whole ring is free,
+        whatever the head's position in its lap (bytes skipped at a lap's end are free).
+        Usually released at once (the head has moved on), else kept (the ring is full)."""
+        if drain:
+            m = self.s.model
+            held = m._pending("copy_in") | m._pending("copy_out")
+            for r in self.s.ring.unreleased():
+                if not set(self.s.span(r)) & held:
+                    self.s.release(r)
+        if (r := self.s.reserve(n)) is not None and not keep:
+            self.s.release(r)
+
+    @rule(back=st.integers(0, 8), extra=st.integers(1, 8))
+    def released_unreserved(self, back: int, extra: int) -> None:
+        """ring.released of a range reaching past the head (bytes never reserved): RING-1."""
+        start = max(0, self.s.ring.head - back)
+        self.s.released(start, self.s.ring.head - start + extra)
+
     @precondition(lambda self: self.s.reservations)
-    @rule(i=index, off=index, n=index, seed=st.integers(0, 255))
-    def fill(self, i: int, off: int, n: int, seed: int) -> None:
-        r = self.pick_range(i, off, n)
+    @rule(i=index, off=index, n=index, seed=st.integers(0, 255), live=mostly)
+    def fill(self, i: int, off: int, n: int, seed: int, live: bool) -> None:
+        """Write through ring.view; with `live`, into unreleased bytes (where input copies may
+        be reading: the view is then read-only)."""
+        r = self.pick_range(i, off, n, live)
         self.s.fill(r, bytes((seed + k) % 256 for k in range(r.nbytes)))
 
     @precondition(lambda self: self.s.reservations)
@@ -133,13 +177,38 @@ class BridgeMachine(RuleBasedStateMachine):
         self.probe_end(handle, "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, k=st.integers(1, 2))
-    def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int, k: int) -> None:
-        """The worker's usual pattern: start the last downloads, free at once (a deferred free);
+    @rule(i=index, off=index, n=index, h=index, dev=index, inward=st.booleans())
+    def copy_lost_at_submit(self, i: int, off: int, n: int, h: int, dev: int, inward: bool) -> None:
+        """The backend's first query of an asynchronous copy (at submission) fails: the call
+        returns an event that is already done, failed (COPY-F); the host bytes as for a failed copy."""
+        handle, r, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        if inward:
+            self.s.host_to_device(r, handle, d_off, sync=False, fails=False, lost=True)
+        else:
+            self.s.device_to_host(handle, d_off, r, sync=False, fails=False, lost=True)
+
+    @precondition(lambda self: self.s.handles and self.s.reservations)
+    @rule(i=index, off=index, n=index, h=index, dev=index, shift=st.integers(-4, 4), seed=st.integers(0, 255))
+    def fill_during_input_copy(self, i: int, off: int, n: int, h: int, dev: int, shift: int, seed: int) -> None:
+        """A producer writing host bytes an asynchronous input copy still reads (all or some of
+        them): the view is read-only (H2D-3); the copy moves the bytes as they were."""
+        handle, src, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        self.s.host_to_device(src, handle, d_off, sync=False, fails=False)
+        span = next((r for r in self.s.ring.unreleased() if r.start <= src.start < r.end), None)
+        if span is not None:
+            start = min(max(src.start + shift, span.start), span.end - 1)
+            end = min(max(src.end + shift, start + 1), span.end)
+            self.s.fill(HostRange(self.s.ring, start, end - start), bytes((seed + k) % 256 for k in range(end - start)))
+
+    @precondition(lambda self: self.s.handles and self.s.reservations)
+    @rule(i=index, off=index, n=index, h=index, dev=index, k=st.integers(1, 2), fails=fault)
+    def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int, k: int, fails: bool) -> None:
+        """The worker's usual pattern: start the last downloads, free at once (a deferred free,
+        whose backend free may be made to fail: reported by the poll after the last completion);
         then a compute end that no compute is waiting for must be refused."""
         for j in range(k):
             self.device_to_host(i + j, off, n, h, dev, sync=False, fails=False, live=True)
-        self.free(h)
+        self.free(h, fails)
         self.probe_end(self.handle(h), "compute_end")
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
@@ -155,7 +224,9 @@ class BridgeMachine(RuleBasedStateMachine):
         if self.s.stray_end(handle.id, event):
             core = self.s.bridge._core
             self.s.expect(
-                Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, event), ""
+                Reject(LifecycleError.__name__, "EVENT-1"),
+                lambda: core.fire(handle.id, handle.generation, event),
+                fire_code(handle, event),
             )
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
@@ -197,9 +268,31 @@ class BridgeMachine(RuleBasedStateMachine):
     def complete(self, i: int, failed: bool) -> None:
         self.s.complete(sorted(self.s.pending)[i % len(self.s.pending)], failed)
 
+    @precondition(lambda self: self.s.pending)
+    @rule(i=index, via_poll=st.booleans())
+    def query_fails(self, i: int, via_poll: bool) -> None:
+        """The backend's query of a pending event fails: the event fails (or is aborted). Through
+        event.done() on any pending event, or through poll(), which queries the oldest first."""
+        pending = sorted(self.s.pending)
+        self.s.query_fails(pending[0] if via_poll else pending[i % len(pending)], via_poll)
+
+    @precondition(lambda self: self.s.pending)
+    @rule(i=index)
+    def wait_fails(self, i: int) -> None:
+        """The backend's wait on a pending event fails: wait raises the event's error."""
+        self.s.wait_fails(sorted(self.s.pending)[i % len(self.s.pending)])
+
+    @precondition(lambda self: self.s.pending)
+    @rule(i=index)
+    def wait_times_out(self, i: int) -> None:
+        """wait(timeout=0) on a pending event: WaitTimeoutError (WAIT-1), a TimeoutError, nothing changes."""
+        self.s.wait_times_out(sorted(self.s.pending)[i % len(self.s.pending)])
+
     @rule()
     def poll(self) -> None:
-        assert self.s.bridge.poll() == 0  # completions arrive by callback; views are drained on every call
+        """Completions arrive by callback and views are drained at once, so poll finishes nothing;
+        it reports deferred backend frees that failed since the last poll (FREE-3)."""
+        self.s.poll(0)
 
     # ------------------------------------------------------------ bad calls
 
@@ -215,7 +308,12 @@ class BridgeMachine(RuleBasedStateMachine):
             "state": lambda: bridge.state(forged),
             "wrap": lambda: bridge.wrap_for_tinygrad(forged, TensorViewSpec((1,), "uint8")),
         }
-        self.s.expect(Reject(InvalidHandleError.__name__, "HANDLE-1"), calls[op], op)
+        h0 = f"h{handle.id}"
+        arg = f"DeviceHandle({h0}.id, {h0}.generation, {h0}.extent, {h0}.spec, owner=-1)"
+        code = {"free": "free_device({})", "compute": "compute({})", "state": "state({})"}.get(
+            op, "wrap_for_tinygrad({}, TensorViewSpec((1,), 'uint8'))"
+        )
+        self.s.expect(Reject(InvalidHandleError.__name__, "HANDLE-1"), calls[op], "bridge." + code.format(arg))
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
     @rule(h=index, i=index, extra=st.integers(1, 8))
@@ -224,13 +322,19 @@ class BridgeMachine(RuleBasedStateMachine):
         src = self.s.reservations[i % len(self.s.reservations)]
         assume(src.nbytes + extra <= handle.extent)
         dst = DeviceRange(handle, 0, src.nbytes + extra)
-        self.s.expect(Reject(RangeError.__name__, "H2D-1"), lambda: self.s.bridge.host_to_device(src, dst), "h2d")
+        code = f"bridge.host_to_device({self.s.rname(src)}, DeviceRange(h{handle.id}, 0, {dst.nbytes}))"
+        self.s.expect(Reject(RangeError.__name__, "H2D-1"), lambda: self.s.bridge.host_to_device(src, dst), code)
 
     @precondition(lambda self: self.s.handles)
     @rule(h=index, over=st.integers(1, 4))
     def out_of_bounds(self, h: int, over: int) -> None:
         handle = self.handle(h)
-        self.s.expect(Reject(RangeError.__name__, "RANGE-1"), lambda: DeviceRange(handle, 0, handle.extent + over), "")
+        n = handle.extent + over
+        self.s.expect(
+            Reject(RangeError.__name__, "RANGE-1"),
+            lambda: DeviceRange(handle, 0, n),
+            f"DeviceRange(h{handle.id}, 0, {n})",
+        )
 
     @precondition(lambda self: self.s.handles)
     @rule(h=index, over=st.integers(1, 4))
@@ -238,8 +342,9 @@ class BridgeMachine(RuleBasedStateMachine):
         handle = self.handle(h)
         assume(self.s.model._use_rejection(handle.id) is None)
         view = TensorViewSpec((handle.extent + over,), "uint8")
+        code = f"bridge.wrap_for_tinygrad(h{handle.id}, TensorViewSpec(({handle.extent + over},), 'uint8'))"
         self.s.expect(
-            Reject(InvalidViewError.__name__, "VIEW-2"), lambda: self.s.bridge.wrap_for_tinygrad(handle, view), "wrap"
+            Reject(InvalidViewError.__name__, "VIEW-2"), lambda: self.s.bridge.wrap_for_tinygrad(handle, view), code
         )
 
     @precondition(lambda self: self.s.handles)
@@ -254,6 +359,7 @@ class BridgeMachine(RuleBasedStateMachine):
             if dead:
                 handle = dead[h % len(dead)]
                 state = model.state(handle.id)
+                self.s.emit(fire_code(handle, event))
                 core.fire(handle.id, handle.generation, event)
                 assert self.s.bridge.state(handle) == state
                 return
@@ -266,7 +372,9 @@ class BridgeMachine(RuleBasedStateMachine):
             group = by_state[sorted(by_state)[t % len(by_state)]]
             handle = group[h % len(group)]
             self.s.expect(
-                Reject(LifecycleError.__name__, "EVENT-1"), lambda: core.fire(handle.id, handle.generation, event), ""
+                Reject(LifecycleError.__name__, "EVENT-1"),
+                lambda: core.fire(handle.id, handle.generation, event),
+                fire_code(handle, event),
             )
 
     # ------------------------------------------------------------ invariants

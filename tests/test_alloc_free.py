@@ -197,3 +197,68 @@ def test_foreign_and_forged_handles_are_rejected(bridge: Bridge, fake: FakeBacke
         bridge.host_to_device(src, DeviceRange(theirs, 0, 2))
     assert snapshot(bridge, fake, ring, [mine]) == before
     assert fake.ops() == ["alloc"] and other_fake.ops() == ["alloc"]
+
+
+@pytest.mark.rejects("HANDLE-1")
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extent": 1 << 16},
+        {"extent": 1 << 40},
+        {"extent": 64.0},
+        {"spec": ObjectSpec("blob", "float64")},
+        {"spec": None},
+        {"id": 0.0},
+        {"id": "x"},
+        {"id": None},
+        {"id": 1},
+        {"generation": 1},
+        {"generation": -1},
+        {"owner": 0},
+        {"seal": 0},
+    ],
+    ids=repr,
+)
+def test_altered_handles_are_rejected_before_any_backend_call(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing, change: dict[str, object]
+) -> None:
+    """Regression: the bridge trusted a handle's own fields. A forged extent read (and wrote)
+    past the allocation, a forged spec gave a float64 view over uint8 bytes, id=float(h.id)
+    freed the real allocation, id="x" leaked TypeError."""
+    import dataclasses
+
+    h, _ = bridge.alloc_device(U8, 64), bridge.alloc_device(U8, 64)
+    bridge.host_to_device(put(ring, bytes(range(64))), DeviceRange(h, 0, 64))
+    forged = dataclasses.replace(h, **change)  # type: ignore[arg-type]
+    out = ring.reserve(64)
+    before = snapshot(bridge, fake, ring, [h])
+    calls = [
+        lambda: bridge.free_device(forged),
+        lambda: bridge.state(forged),
+        lambda: bridge.compute(h, forged),
+        lambda: bridge.wrap_for_tinygrad(forged, TensorViewSpec((8,), "float64")),
+        lambda: bridge.device_to_host(DeviceRange(forged, 0, 64), out),
+        lambda: bridge.host_to_device(out, DeviceRange(forged, 0, 64)),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidHandleError) as e:
+            call()
+        assert e.value.rule == "HANDLE-1"
+    assert snapshot(bridge, fake, ring, [h]) == before
+    assert bridge.state(h) == "idle" and bytes(fake.buffer(0).data) == bytes(range(64))
+
+
+@pytest.mark.holds("HANDLE-1")
+def test_an_exact_copy_of_an_issued_handle_is_the_same_capability(bridge: Bridge, fake: FakeBackend) -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    h = bridge.alloc_device(U8, 16)
+    for twin in (copy.copy(h), copy.deepcopy(h), dataclasses.replace(h), pickle.loads(pickle.dumps(h))):
+        assert twin == h and bridge.state(twin) == "allocated"
+    bridge.free_device(copy.deepcopy(h))
+    assert bridge.state(h) == "freed" and fake.ops() == ["alloc", "free"]
+    with pytest.raises(InvalidHandleError) as e:
+        bridge.free_device(dataclasses.replace(h, extent=32))  # a dead handle, altered: still forged
+    assert e.value.rule == "HANDLE-1"

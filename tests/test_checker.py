@@ -22,7 +22,7 @@ def test_default_bound_is_explored_with_no_violation_and_covers_the_spec() -> No
     report = check(Bound())
     assert report.violation is None
     assert report.coverage.missing() == []
-    assert (report.states, report.transitions, report.depth) == (7585, 45449, 6)
+    assert (report.states, report.transitions, report.depth) == (9718, 58812, 6)
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
@@ -43,7 +43,7 @@ def test_cli_reports_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--depth", "3", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"bound: {Bound(depth=3)}" in out  # the CLI's defaults are Bound's
-    assert "distinct states: 124   transitions: 306   depth reached: 3" in out
+    assert "distinct states: 155   transitions: 373   depth reached: 3" in out
     assert "spec candidates outside this bound:" in out  # depth 3 is too shallow for all of them
 
 
@@ -52,6 +52,6 @@ def test_cli_exits_non_zero_and_writes_the_counterexample(tmp_path: Path, capsys
     with MUTANTS["restart_leaks_idle_memory"]():
         assert main(["check", "--depth", "3", "--no-progress", "--test-out", str(out)]) == 1
     text = capsys.readouterr().out
-    assert "shortest counterexample (2 steps): alloc:False -> restart" in text
+    assert "shortest counterexample (2 steps): alloc:False -> restart:False" in text
     assert "def test_counterexample():" in out.read_text()
     run_source(out.read_text())

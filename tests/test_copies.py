@@ -295,3 +295,62 @@ def test_kept_input_is_released_by_the_worker_only_after_completion(
     assert read_device(bridge, ring, h2, 0, 8) == b"keep me!"
     ring.release(src)
     assert ring.released(src) and ring.cursor == ring.head
+
+
+@pytest.mark.holds("H2D-3")
+def test_host_bytes_read_by_a_pending_input_copy_are_read_only(bridge: Bridge, fake: FakeBackend) -> None:
+    """Regression: view() handed out writable bytes while an async copy still read them,
+    and the device received the overwritten bytes."""
+    ring = HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"original")
+    ev = bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False, release=False)
+    view = ring.view(src)
+    assert view.readonly and bytes(view) == b"original"
+    assert ring.view(src.sub(2, 2)).readonly
+    with pytest.raises(TypeError):
+        view[:] = b"XXXXXXXX"
+    fake.complete(ev)
+    assert ev.done() and ev.error is None
+    assert bytes(fake.buffer(0).data) == b"original"
+    writable = ring.view(src)  # the copy is done: the worker's bytes again
+    assert not writable.readonly
+    writable[:] = b"reusable"
+    assert bytes(ring.view(src)) == b"reusable"
+
+
+@pytest.mark.holds("ARG-1")
+def test_numpy_integers_are_sizes_and_flags_are_bools(bridge: Bridge, fake: FakeBackend) -> None:
+    import numpy as np
+
+    from devbridge import ObjectSpec, TensorViewSpec
+
+    ring = HostRing(np.int64(64))
+    h = bridge.alloc_device(ObjectSpec("x", "float32"), np.int32(16))
+    src = ring.reserve(np.uint16(8))
+    ring.view(src)[:] = b"12345678"
+    bridge.host_to_device(src.sub(np.int8(0), np.int64(8)), DeviceRange(h, np.int64(4), np.uint8(8)), sync=True)
+    view = TensorViewSpec((np.int64(2),), "float32", np.int32(4))
+    assert (view.shape, view.offset, type(view.shape[0])) == ((2,), 4, int)
+    assert bytes(fake.buffer(0).data) == bytes(4) + b"12345678" + bytes(4)
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("flag", ["no", 0, 1, 0.0, None, [], "False"])
+def test_flags_that_are_not_bools_are_refused(bridge: Bridge, fake: FakeBackend, flag: object) -> None:
+    from devbridge import InvalidArgumentError
+
+    ring = HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    src, out = put(ring, b"flagflag"), ring.reserve(8)
+    before = snapshot(bridge, fake, ring, [h])
+    calls = [
+        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=flag),  # type: ignore[arg-type]
+        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8), release=flag),  # type: ignore[arg-type]
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 8), out, sync=flag),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError) as e:
+            call()
+        assert e.value.rule == "ARG-1"
+    assert snapshot(bridge, fake, ring, [h]) == before

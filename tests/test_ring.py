@@ -95,3 +95,64 @@ def test_bad_reservation_sizes(size: object) -> None:
 def test_bad_capacity(capacity: object) -> None:
     with pytest.raises(RangeError, match=r"\[RANGE-1\]"):
         HostRing(capacity)  # type: ignore[arg-type]
+
+
+@pytest.mark.holds("RING-2")
+@pytest.mark.parametrize(("capacity", "first", "then"), [(1000, 600, 700), (64, 1, 64), (100, 30, 100)])
+def test_an_empty_ring_takes_any_reservation_that_fits(capacity: int, first: int, then: int) -> None:
+    """Regression: bytes skipped at a lap's end were counted as used, so an empty ring
+    refused a reservation that fits, forever (a retrying producer waited forever)."""
+    ring = HostRing(capacity)
+    ring.release(ring.reserve(first))
+    assert ring.unreleased() == []
+    r = ring.reserve(then)
+    assert (r.start, r.nbytes, r.start % capacity) == (capacity, then, 0)  # starts the next lap
+    assert ring.cursor == capacity and ring.unreleased() == [r]
+
+
+@pytest.mark.holds("RING-2")
+def test_a_reservation_that_fits_the_front_of_the_next_lap_succeeds() -> None:
+    ring = HostRing(100)
+    a, b = ring.reserve(60), ring.reserve(30)  # [0, 60) [60, 90)
+    ring.release(a)
+    c = ring.reserve(55)  # the tail [90, 100) is too small; [0, 60) of the next lap is free
+    assert (c.start, c.end) == (100, 155) and ring.unreleased() == [b, c]
+
+
+@pytest.mark.rejects("RING-2")
+def test_a_reservation_larger_than_the_ring_says_so() -> None:
+    ring = HostRing(64)
+    before = ring.snapshot()
+    with pytest.raises(RingFullError, match="larger than the ring's capacity of 64 B") as e:
+        ring.reserve(65)
+    assert e.value.rule == "RING-2" and ring.snapshot() == before
+
+
+@pytest.mark.rejects("RING-2")
+def test_a_reservation_that_does_not_fit_names_the_largest_free_stretch() -> None:
+    ring = HostRing(100)
+    a = ring.reserve(60)
+    before = ring.snapshot()
+    with pytest.raises(RingFullError, match="largest free stretch is 40 B") as e:
+        ring.reserve(60)  # 40 B free at the tail, and the front is held
+    assert e.value.rule == "RING-2" and ring.snapshot() == before
+    ring.reserve(40)
+    ring.release(a.sub(0, 30))
+    with pytest.raises(RingFullError, match="largest free stretch is 30 B"):
+        ring.reserve(31)  # the front of the next lap, up to the oldest unreleased byte
+    assert ring.reserve(30).start == 100
+
+
+@pytest.mark.rejects("RING-1")
+def test_released_refuses_bytes_that_were_never_reserved() -> None:
+    """Regression: released() said True for bytes the ring never reserved."""
+    ring = HostRing(64)
+    r = ring.reserve(16)
+    with pytest.raises(RangeError) as e:
+        ring.released(HostRange(ring, 16, 4))
+    assert e.value.rule == "RING-1"
+    with pytest.raises(RangeError):
+        ring.released(HostRange(ring, 1000, 4))
+    assert ring.released(r) is False
+    ring.release(r)
+    assert ring.released(r) is True

@@ -109,4 +109,4 @@ def test_allocation_failure_maps_to_backend_error() -> None:
 
     bridge = Bridge(TinygradBackend("CPU"))
     with pytest.raises(DeviceAllocationError, match=r"\[ALLOC-2\]"):
-        bridge.alloc_device(ObjectSpec("huge", "uint8"), 1 << 62)
+        bridge.alloc_device(ObjectSpec("huge", "uint8"), 1 << 46)

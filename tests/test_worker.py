@@ -16,7 +16,7 @@ def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str) -> No
     summary = run_demo(objects=60, backend=backend, faults=0.1, restart_every=15, seed=3)
     assert (summary.delivered, summary.lost, summary.duplicated, summary.wrong) == (60, 0, 0, 0)
     assert summary.restarts >= 3 and summary.faults_injected > 0
-    assert summary.faults_recovered > 0
+    assert summary.faults_recovered > 0 and summary.free_failures > 0  # failed frees are reported, not fatal
     assert summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
     assert (summary.bytes_in, summary.bytes_out) == (60 * 16 * 64 * 4, 60 * 16 * 32 * 4)
     assert summary.clean
