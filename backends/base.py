@@ -35,6 +35,22 @@ class Status:
 PENDING = Status(False)
 OK = Status(True)
 
+#: Backend operations a test can make fail (FakeBackend.fail_next, FaultyBackend.fail_next).
+FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
+
+
+def fault_count(op: object, times: object) -> int:
+    """`times` as a count of faults to arm for `op`; ARG-1 for an unknown op or a bad count."""
+    from devbridge.errors import InvalidArgumentError, short
+    from devbridge.types import as_count
+
+    count = as_count(times)
+    if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
+        raise InvalidArgumentError(
+            "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
+        )
+    return count
+
 
 @runtime_checkable
 class Backend(Protocol):
@@ -68,6 +84,14 @@ class Backend(Protocol):
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         """A zero-copy tinygrad Tensor over the buffer's bytes at `offset`."""
+
+    def view_anchor(self, view: Any) -> object:
+        """The object every tinygrad object that can reach `view`'s memory keeps alive (derived
+        tensors, lazy graphs, assign targets, tensors that took it over, JIT captures): the
+        view's use ends when it is collected (VIEW-3)."""
+
+    def view_alignment(self, dtype: str) -> int:
+        """The byte alignment a view's offset of `dtype` needs for the device to run on it (VIEW-2)."""
 
     def query(self, token: object) -> Status:
         """The token's status now. Never blocks."""

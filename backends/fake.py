@@ -23,14 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from devbridge.backends.base import OK, PENDING, BackendError, Status
+from devbridge.backends.base import OK, PENDING, BackendError, Status, fault_count
 from devbridge.errors import InvalidArgumentError, short
 from devbridge.types import as_count
 
 GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
-FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
 DEFAULT_CAPACITY = 1 << 30  # the fake device's memory: a huge extent fails like a real device's
 
 
@@ -62,7 +61,7 @@ class FakeBuffer:
     generation: int
     raw: np.ndarray[Any, np.dtype[np.uint8]]
     freed: bool = False
-    views: list[weakref.ref[Any]] = field(default_factory=list)
+    views: list[weakref.ref[Any]] = field(default_factory=list)  # anchors: alive while a tensor reaches them
 
     @property
     def data(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -112,11 +111,7 @@ class FakeBackend:
         copy or compute fails at completion. A failing `free` raises and keeps the buffer
         (the device refused); a failing `query` or `wait` raises and, if the event was
         pending, fails it: the device gives up that work, whose data never moves."""
-        count = as_count(times)
-        if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
-            raise InvalidArgumentError(
-                "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
-            )
+        count = fault_count(op, times)
         with self._cond:
             self._faults[op] += count
 
@@ -233,22 +228,35 @@ class FakeBackend:
         self._resolve(token)
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
-        from tinygrad.dtype import dtypes
-        from tinygrad.tensor import Tensor
+        from devbridge.backends import tinygrad_compat as tg
 
         with self._cond:
-            tdtype = getattr(dtypes, dtype)
-            nbytes = int(np.prod(shape)) * tdtype.itemsize
+            nbytes = int(np.prod(shape)) * tg.dtype_of(dtype).itemsize
             buf = self._usable(buffer, offset, nbytes, "view")
             self.calls.append(
                 Call("view", buf.id, offset, nbytes, shape=shape, dtype=dtype, generation=self.generation)
             )
             if self._take_fault("view"):
                 raise BackendError(f"fake: cannot view buffer #{buf.id}")
-            ptr = buf.raw.ctypes.data + GUARD + offset
-            tensor = Tensor.from_blob(ptr, shape, dtype=tdtype, device="CPU")
-            buf.views.append(weakref.ref(tensor))
+            if offset % tg.VIEW_ALIGNMENT:
+                self._violate(f"view at offset {offset} of buffer #{buf.id} would crash tinygrad's CPU kernels")
+            tensor = tg.blob_view(buf.raw.ctypes.data + GUARD + offset, shape, dtype)
+            buf.views.append(weakref.ref(tg.view_anchor(tensor)))  # reached by every derived tensor
             return tensor
+
+    def view_anchor(self, view: Any) -> object:
+        from devbridge.backends import tinygrad_compat as tg
+
+        try:
+            return tg.view_anchor(view)
+        except Exception as e:
+            raise BackendError(f"fake: no buffer under the view: {e}") from e
+
+    def view_alignment(self, dtype: str) -> int:
+        """The fake's views are tinygrad CPU tensors over its memory: the CPU device's alignment."""
+        from devbridge.backends import tinygrad_compat as tg
+
+        return tg.VIEW_ALIGNMENT
 
     def query(self, token: object) -> Status:
         with self._cond:

@@ -23,11 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from devbridge.backends.base import Backend, BackendError, Status
-from devbridge.errors import InvalidArgumentError, short
-from devbridge.types import as_count
-
-FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
+from devbridge.backends.base import Backend, BackendError, Status, fault_count
 
 
 class FaultyBackend:
@@ -51,12 +47,7 @@ class FaultyBackend:
         self._failing: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def fail_next(self, op: str, times: int = 1) -> None:
-        count = as_count(times)
-        if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
-            raise InvalidArgumentError(
-                "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
-            )
-        self._faults[op] += count
+        self._faults[op] += fault_count(op, times)
 
     @property
     def failing(self) -> int:
@@ -102,6 +93,12 @@ class FaultyBackend:
         if self._fault("view"):
             raise BackendError(f"injected: view {shape} {dtype}")
         return self.inner.view(buffer, offset, shape, dtype)
+
+    def view_anchor(self, view: Any) -> object:
+        return self.inner.view_anchor(view)
+
+    def view_alignment(self, dtype: str) -> int:
+        return self.inner.view_alignment(dtype)
 
     def query(self, token: object) -> Status:
         status = self.inner.query(token)

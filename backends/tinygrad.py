@@ -151,6 +151,15 @@ class TinygradBackend:
         except Exception as e:
             raise BackendError(f"{self.device}: cannot view {shape} {dtype} at {offset}: {e}") from e
 
+    def view_anchor(self, view: Any) -> object:
+        try:
+            return tg.view_anchor(view)
+        except Exception as e:  # not a view this backend made: tinygrad's internals moved
+            raise BackendError(f"{self.device}: no buffer under the view: {e}") from e
+
+    def view_alignment(self, dtype: str) -> int:
+        return tg.VIEW_ALIGNMENT
+
     def query(self, token: object) -> Status:
         assert isinstance(token, TinygradToken)
         return token.status()

@@ -76,11 +76,32 @@ def host_bytes(buffer: Buffer) -> memoryview | None:
     return view.cast("B") if view.format != "B" else view
 
 
+#: Byte alignment of a view's offset that tinygrad's kernels run on. Measured on CPU (clang):
+#: 4-byte dtypes at offsets that are not multiples of 16 crash the process in the first
+#: vectorized kernel (float4 loads); every dtype ran at multiples of 16 (tests/test_view_alignment.py).
+#: GPU renderers vectorize the same way, so 16 is used for every device until measured there.
+VIEW_ALIGNMENT = 16
+
+
 def tensor_view(buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: str) -> Tensor:
     """A Tensor over the buffer's own memory at `offset` (zero-copy on every device)."""
     dt = dtype_of(dtype)
     sub = buffer.view(math.prod(shape), dt, offset).ensure_allocated()
     return Tensor(UOp.from_buffer(sub)).reshape(shape)
+
+
+def blob_view(address: int, shape: tuple[int, ...], dtype: str) -> Tensor:
+    """A CPU Tensor over host memory at `address` that tinygrad does not own (the fake's views)."""
+    return Tensor.from_blob(address, shape, dtype=dtype_of(dtype), device="CPU")
+
+
+def view_anchor(view: Tensor) -> Buffer:
+    """The Buffer under a view. Every tinygrad object that can reach the view's memory holds it
+    (through its UOp graph: movement ops, lazy ops, assign, load_state_dict(consume=True), TinyJit
+    captures), so it is collected exactly when none is left (measured in tests/test_view_pins.py)."""
+    buffer = view.uop.base.buffer
+    assert isinstance(buffer, Buffer)
+    return buffer
 
 
 def marker(device: str) -> Callable[[], bool]:
@@ -111,9 +132,11 @@ def synchronize(device: str) -> None:
 
 
 __all__ = [
+    "VIEW_ALIGNMENT",
     "Buffer",
     "BufferSpec",
     "allocate",
+    "blob_view",
     "canonical_device",
     "copy_in",
     "copy_out",
@@ -124,4 +147,5 @@ __all__ = [
     "open_device",
     "synchronize",
     "tensor_view",
+    "view_anchor",
 ]

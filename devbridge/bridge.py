@@ -19,8 +19,10 @@ free is reported, never retried (FREE-3), and never stops a restart.
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import threading
+import time
 import weakref
 from collections import Counter, deque
 from typing import TYPE_CHECKING
@@ -44,12 +46,22 @@ from devbridge.errors import (
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event
 from devbridge.statemachine.core import Allocation, Effects, LifecycleCore
-from devbridge.types import MAX_EXTENT, DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec, as_count
+from devbridge.types import (
+    MAX_EXTENT,
+    DeviceHandle,
+    DeviceRange,
+    HostRange,
+    ObjectSpec,
+    TensorViewSpec,
+    as_count,
+    as_seconds,
+)
 
 if TYPE_CHECKING:
     from tinygrad.tensor import Tensor
 
 _owners = itertools.count(1)
+log = logging.getLogger("devbridge")
 
 
 def _flag(name: str, value: object) -> bool:
@@ -59,9 +71,12 @@ def _flag(name: str, value: object) -> bool:
 
 
 class Bridge:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, pending_warning_s: float = 60.0) -> None:
+        """`pending_warning_s`: a free or restart still waiting for uses to end after this long is
+        logged once (logger `devbridge`, WARNING) with what pins it (PIN-1)."""
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
+        self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
         self._backend = backend
         self._core = LifecycleCore()
         self._owner = next(_owners)
@@ -72,6 +87,8 @@ class Bridge:
         self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
+        self._waiting: dict[int, float] = {}  # free_pending/stale_pending allocation id -> since when
+        self._warned: set[int] = set()  # of those, the ones already logged
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
@@ -116,6 +133,7 @@ class Bridge:
             record = self._core.free(*key)
             if record is None:
                 self._counts["deferred_frees"] += 1
+                self._waiting[key[0]] = time.monotonic()
             elif failure := self._release(record):
                 raise DeviceFreeError("FREE-3", failure)
 
@@ -205,12 +223,19 @@ class Bridge:
                     "VIEW-2",
                     f"view [{view.offset}, {view.offset + view.nbytes}) exceeds extent {record.extent}",
                 )
+            alignment = self._backend.view_alignment(view.dtype)
+            if view.offset % alignment:
+                raise InvalidViewError(
+                    "VIEW-2", f"view offset {view.offset} is not a multiple of {alignment} B, which the device needs"
+                )
             try:
                 tensor: Tensor = self._backend.view(record.memory, view.offset, view.shape, view.dtype)
+                anchor = self._backend.view_anchor(tensor)
             except BackendError as e:
                 raise InvalidViewError("VIEW-1", f"backend could not view {spec.name}: {e}") from e
             use = self._core.begin("view", [key])
-            weakref.finalize(tensor, self._views_gone.append, use.id)
+            # in use while any tinygrad object can reach the memory, not just this Tensor (VIEW-3)
+            weakref.finalize(anchor, self._views_gone.append, use.id)
             self._counts["views"] += 1
             return tensor
 
@@ -227,6 +252,7 @@ class Bridge:
                     if status.done:
                         self._finish(event, status)
                         finished += 1
+            self._warn_long_waits()
             if self._release_failures:
                 failures, self._release_failures = self._release_failures, []
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
@@ -240,6 +266,10 @@ class Bridge:
             self._drain_views()
             releases = self._core.restart()
             self._counts["restarts"] += 1
+            now = time.monotonic()
+            for record in self._core.allocations():  # stale_pending: released when their uses end
+                if record.generation < self._core.generation:
+                    self._waiting.setdefault(record.id, now)
             failures: list[str] = []
             try:
                 self._backend.begin_generation(self._core.generation)
@@ -253,6 +283,24 @@ class Bridge:
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
 
     # ------------------------------------------------------------ introspection
+
+    def pins(self, handle: DeviceHandle) -> dict[str, object]:
+        """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
+        (input and output copies, compute events, live views: a view counts while any tinygrad
+        object can reach its memory), and how long a deferred release has waited."""
+        with self._lock:
+            self._drain_views()
+            key, _ = self._resolve(handle)
+            kinds = Counter(use.kind for use in self._core.dependents(key[0]))
+            since = self._waiting.get(key[0])
+            return {
+                "state": self._core.state(*key),
+                "copies_in": kinds["copy_in"],
+                "copies_out": kinds["copy_out"],
+                "computes": kinds["compute"],
+                "views": kinds["view"],
+                "waiting_s": 0.0 if since is None else time.monotonic() - since,
+            }
 
     def state(self, handle: DeviceHandle) -> str:
         """The allocation's lifecycle state, a state name from the spec."""
@@ -422,8 +470,26 @@ class Bridge:
             drained += 1
         return drained
 
+    def _warn_long_waits(self) -> None:
+        """Log, once each, deferred releases waiting longer than `pending_warning_s` (PIN-1):
+        a JIT or a model that captured a view is found in minutes, not by a memory leak."""
+        now = time.monotonic()
+        for alloc_id, since in self._waiting.items():
+            record = self._core.allocation(alloc_id)
+            if record is None or alloc_id in self._warned or now - since < self.pending_warning_s:
+                continue
+            self._warned.add(alloc_id)
+            kinds = Counter(use.kind for use in self._core.dependents(alloc_id))
+            log.warning(
+                "allocation #%d (%s, role %s) is %s after %.0f s; still in use by %s",
+                alloc_id, record.spec.name, record.spec.role, record.state, now - since,
+                ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing",
+            )  # fmt: skip
+
     def _release(self, record: Allocation) -> str | None:
         """The one backend free of an allocation (FREE-2); a failure is returned, never retried."""
+        self._waiting.pop(record.id, None)
+        self._warned.discard(record.id)
         try:
             self._backend.free(record.memory)
         except BackendError as e:

@@ -19,6 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     example.add_argument("--floats", type=int, default=1024, help="float32 values per object")
     example.add_argument("--seed", type=int, default=0)
     example.add_argument("--json", action="store_true", help="print the report as JSON")
+    example.add_argument(
+        "--jit", action="store_true", help="the TinyJit pattern: views as arguments, and a captured view reported"
+    )
     commands.add_parser(
         "docs", help="write spec/CONTRACT.md from the spec (--check, --svg; see docs -h)", add_help=False
     )
@@ -29,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("faults", 1, "injected failures per path"),
         ("in-flight", 3, "uses in flight per allocation"),
         ("depth", 6, "actions per path"),
+        ("tensors", 2, "live tensors per view (the view and those derived from it)"),
     ):  # the defaults are models.checker.Bound's (a test holds them equal)
         check.add_argument(f"--{name}", type=int, default=default, help=f"{meaning} (default {default})")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -55,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo_command(args)
 
+    if args.jit:
+        return run_jit_command(args)
     from devbridge.example import run_example
 
     report = run_example(args.objects, args.floats, args.seed, args.backend, args.device)
@@ -78,7 +84,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     from devbridge.models.checker import Bound, check, describe
 
-    bound = Bound(args.allocations, args.restarts, args.faults, args.in_flight, args.depth)
+    bound = Bound(args.allocations, args.restarts, args.faults, args.in_flight, args.depth, args.tensors)
     with tqdm(desc="states", unit=" states", disable=args.no_progress, leave=False) as bar:
 
         def progress(states: int, transitions: int, depth: int) -> None:
@@ -138,3 +144,21 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run_jit_command(args: argparse.Namespace) -> int:
+    from devbridge.example import run_jit_example
+
+    report = run_jit_example(backend=args.backend, device=args.device, seed=args.seed)
+    if args.json:
+        print(json.dumps(asdict(report)))
+    else:
+        print(
+            f"jitted steps {report.steps}  verified {report.verified}  restarts {report.restarts}\n"
+            f"a JIT that captured the weights' view in a closure: after free_device the weights are "
+            f"{report.captured_state} ({report.captured_views} live view); released once the JIT is gone: "
+            f"{report.captured_released}\n"
+            f"at the end: live allocations {report.live_allocations}"
+        )
+    clean = report.verified == report.steps and report.captured_released and report.live_allocations == 0
+    return 0 if clean else 1

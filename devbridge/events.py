@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from devbridge.errors import BridgeError, InvalidArgumentError, WaitTimeoutError, short
-from devbridge.types import DeviceHandle, DeviceRange, HostRange
+from devbridge.errors import BridgeError, WaitTimeoutError
+from devbridge.types import DeviceHandle, DeviceRange, HostRange, as_seconds
 
 if TYPE_CHECKING:
     from devbridge.bridge import Bridge
@@ -60,12 +59,7 @@ def _deadline(timeout: object) -> float | None:
     non-negative number."""
     if timeout is None:
         return None
-    try:
-        seconds = float(timeout) if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) else math.nan
-    except (ArithmeticError, TypeError, ValueError):  # too large for a float, or a broken number type
-        seconds = math.nan
-    if math.isnan(seconds) or seconds < 0:
-        raise InvalidArgumentError("ARG-1", f"timeout must be None or seconds >= 0, got {short(timeout)}")
+    seconds = as_seconds(timeout, "timeout")
     return None if math.isinf(seconds) else time.monotonic() + seconds
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import Bridge
 from devbridge.events import Event
 from devbridge.ring import HostRing
-from devbridge.types import DeviceRange, ObjectSpec, TensorViewSpec
+from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
 
 
 @dataclass
@@ -104,4 +105,107 @@ def run_example(
         live_allocations=stats["live_allocations"],
         unreleased_host_bytes=(inputs.head - inputs.cursor) + (outputs.head - outputs.cursor),
         seconds=time.perf_counter() - start,
+    )
+
+
+@dataclass
+class JitReport:
+    steps: int
+    verified: int
+    restarts: int
+    live_allocations: int  # at the end, after the weights are freed: 0
+    captured_state: str  # what the bridge says of an allocation a JIT captured by closure, after its free
+    captured_views: int  # pins(handle)["views"] for it
+    captured_released: bool  # released once the JIT is gone
+
+
+def run_jit_example(
+    steps: int = 6, restart_at: int = 3, backend: str = "tinygrad", device: str | None = None, seed: int = 0
+) -> JitReport:
+    """TinyJit done right: every view the jitted step touches is passed as an argument, so the
+    JIT swaps them per call; weights are uploaded through the bridge (again after a restart) and
+    passed as arguments too; the output is written into a view argument and read back with
+    device_to_host. Then the wrong way, a JIT capturing a view in a closure, and what the
+    bridge reports about it (PIN-1)."""
+    from tinygrad.engine.jit import TinyJit
+    from tinygrad.tensor import Tensor
+
+    dev = make_backend(backend, device)
+    bridge, ring = Bridge(dev, pending_warning_s=0.0), HostRing(1 << 16)
+    rows, d_in, d_out = 4, 8, 8
+    x_view, y_view = TensorViewSpec((rows, d_in), "float32"), TensorViewSpec((rows, d_out), "float32")
+    w_view = TensorViewSpec((d_in, d_out), "float32")
+    rng = np.random.default_rng(seed)
+    w_np = rng.standard_normal((d_in, d_out), dtype=np.float32)
+
+    def finish(event: Event) -> None:
+        if isinstance(dev, FakeBackend) and not event.done():
+            dev.complete(event)
+        event.wait(timeout=60)
+
+    def upload(handle: DeviceHandle, data: np.ndarray[Any, Any]) -> None:
+        src = ring.reserve(data.nbytes)
+        ring.view(src)[:] = data.tobytes()
+        bridge.host_to_device(src, DeviceRange(handle, 0, data.nbytes))  # sync: released on return
+
+    def weights() -> tuple[DeviceHandle, Any]:
+        w = bridge.alloc_device(ObjectSpec("w", "float32", role="weights"), w_np.nbytes)
+        upload(w, w_np)
+        return w, bridge.wrap_for_tinygrad(w, w_view)
+
+    @TinyJit
+    def step(x: Tensor, w: Tensor, y: Tensor) -> None:
+        y.assign((x @ w).relu()).realize()
+
+    w, wv = weights()
+    verified = restarts = 0
+    for k in range(steps):
+        if k == restart_at:
+            del wv  # old views pin old memory: drop them, restart, upload the weights again
+            bridge.restart()
+            restarts += 1
+            w, wv = weights()
+        x_np = rng.standard_normal((rows, d_in), dtype=np.float32)
+        x = bridge.alloc_device(ObjectSpec("x", "float32", role="input"), x_np.nbytes)
+        y = bridge.alloc_device(ObjectSpec("y", "float32", role="output"), rows * d_out * 4)
+        upload(x, x_np)
+        with bridge.compute(x, y, w) as event:
+            xv, yv = bridge.wrap_for_tinygrad(x, x_view), bridge.wrap_for_tinygrad(y, y_view)
+            step(xv, wv, yv)
+            del xv, yv
+        finish(event)
+        out = ring.reserve(rows * d_out * 4)
+        finish(bridge.device_to_host(DeviceRange(y, 0, out.nbytes), out, sync=False))
+        got = np.frombuffer(ring.view(out), dtype=np.float32).reshape(rows, d_out)
+        verified += bool(np.allclose(got, np.maximum(x_np @ w_np, 0), rtol=1e-5, atol=1e-5))
+        ring.release(out)
+        bridge.free_device(x)
+        bridge.free_device(y)
+
+    # The wrong way: a view the jitted function reads from a model attribute, not an argument.
+    # The JIT's captured kernels keep the memory after the model lets go of it.
+    model = {"w": wv}
+    del wv
+
+    @TinyJit
+    def scaled(x: Tensor) -> Any:
+        return (x @ model["w"]).realize()
+
+    for _ in range(3):
+        scaled(Tensor.ones(rows, d_in).contiguous().realize())
+    model.clear()
+    bridge.free_device(w)  # deferred: the JIT can still read w
+    bridge.poll()  # logs a warning naming "w" (pending_warning_s=0 here)
+    pins = bridge.pins(w)
+    del scaled, step
+    gc.collect()
+    bridge.poll()
+    return JitReport(
+        steps=steps,
+        verified=verified,
+        restarts=restarts,
+        live_allocations=bridge.stats()["live_allocations"],
+        captured_state=str(pins["state"]),
+        captured_views=int(str(pins["views"])),
+        captured_released=bridge.state(w) == "freed",
     )

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from devbridge.errors import InvalidHandleError, InvalidSpecError, InvalidViewError, RangeError, short
+from devbridge.errors import (
+    InvalidArgumentError,
+    InvalidHandleError,
+    InvalidSpecError,
+    InvalidViewError,
+    RangeError,
+    short,
+)
 
 if TYPE_CHECKING:
     from devbridge.ring import HostRing
@@ -46,6 +54,18 @@ def as_count(value: object) -> int | None:
         except Exception:  # an int subclass whose __int__ fails
             return None
     return None
+
+
+def as_seconds(value: object, what: str) -> float:
+    """`value` as a number of seconds >= 0 (inf allowed); ARG-1 for anything else (bool, NaN, ...)."""
+    try:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        seconds = float(value) if real else math.nan  # type: ignore[arg-type]
+    except (ArithmeticError, TypeError, ValueError):  # too large for a float, or a broken number type
+        seconds = math.nan
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidArgumentError("ARG-1", f"{what} must be seconds >= 0, got {short(value)}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,16 @@ states that differ only in which allocation is which are explored once.
 Breadth first, the first violation found is a shortest one; it is rendered as
 a runnable pytest test against the public API (`Violation.test_source`).
 
+Views are made at offset 0 (or at an unaligned offset: refused, VIEW-2); a
+tensor can be derived from any live tensor reaching a view (a movement op, a
+lazy op or an assign: `lockstep.DERIVE`) and any tensor dropped, the view
+first or last. So within the bound no backend free happens while any tensor
+reaching the memory lives, and the release follows the last one.
+
 The bound limits successful allocations, restarts, injected faults, uses in
-flight per allocation, and depth. Within it every interleaving of calls,
-completions (in any order, successful or failed), faults and restarts is
-explored; beyond it nothing is claimed.
+flight per allocation, live tensors per view, and depth. Within it every
+interleaving of calls, completions (in any order, successful or failed),
+faults and restarts is explored; beyond it nothing is claimed.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devbridge.models.coverage import Coverage
-from devbridge.models.lockstep import Lockstep
+from devbridge.models.lockstep import DERIVE, Lockstep
 from devbridge.models.reference import Reject
 from devbridge.statemachine import default_table
 from devbridge.types import DeviceRange
 
 Action = tuple[Any, ...]
 EXTENT = 8  # bytes per allocation
+UNALIGNED = 4  # a view offset the device cannot run on (VIEW-2)
 CHUNK = 4  # bytes per copy: each copy reserves a fresh range of this size
 RING = 1 << 16  # large enough never to fill within any bound: stream offsets never matter
 
@@ -46,6 +53,7 @@ class Bound:
     faults: int = 1  # injected failures (alloc, copy, compute, free, query) along one path
     in_flight: int = 3  # uses in flight per allocation (copies, computes, views)
     depth: int = 6  # actions per path
+    tensors: int = 2  # live tensors per view: the view and one derived (or two derived, once it is dropped)
 
 
 @dataclass
@@ -102,7 +110,7 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
             actions += [("h2d", a, sync, f) for sync in (True, False) for f in can_fail]
             actions += [("d2h", a, sync, f) for sync in (True, False) for f in can_fail]
             actions += [("compute", a, f) for f in can_fail]
-            actions.append(("wrap", a))
+            actions += [("wrap", a, 0), ("wrap", a, UNALIGNED)]
         actions += [("raw", a, "copy_end"), ("raw", a, "compute_end"), ("raw", a, "restart")]
     actions.append(("oob", 0))
     if m.generation < bound.restarts:
@@ -113,7 +121,10 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
             actions.append(("query", use))  # the backend's query fails: the event fails
     if m.unreported:
         actions.append(("poll",))  # reports the deferred frees that failed
-    actions += [("drop", use) for use in sorted(s.views)]
+    for t in sorted(s.tensors):
+        if len(m.uses[m.tensors[t]].tensors) < bound.tensors:
+            actions += [("derive", t, kind) for kind in DERIVE]
+        actions.append(("drop", t))
     for k, r in enumerate(s.reservations):
         if set(s.span(r)) <= m.unreleased:
             actions.append(("release", k))
@@ -152,9 +163,12 @@ def apply(s: Lockstep, action: Action) -> None:
     elif kind == "compute":
         s.compute([s.handles[action[1]]], action[2])
     elif kind == "wrap":
-        s.wrap(s.handles[action[1]], 0, EXTENT)
+        _, a, offset = action
+        s.wrap(s.handles[a], offset, EXTENT - offset)
+    elif kind == "derive":
+        s.derive(action[1], action[2])
     elif kind == "drop":
-        s.drop_view(action[1])
+        s.drop(action[1])
     elif kind == "complete":
         s.complete(action[1], action[2])
     elif kind == "query":
@@ -197,7 +211,10 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
     m = s.model
     allocs = []
     for a, alloc in m.allocs.items():
-        uses = tuple(sorted((m.uses[u].kind, m.uses[u].fails) for u in alloc.uses))
+        uses = tuple(
+            sorted((m.uses[u].kind, m.uses[u].fails, tuple(sorted(s.derived[t] for t in m.uses[u].tensors)))
+                   for u in alloc.uses)
+        )  # fmt: skip
         allocs.append((m.state(a), m.generation - alloc.generation, alloc.released, alloc.free_failed, uses))
     leftovers = []
     for r in s.reservations:
@@ -206,7 +223,7 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
             held = any(use.host is not None and span & set(use.host) for use in m.uses.values())
             leftovers.append((bool(span & m.failed), held, len(span & m.unreleased)))
     frees = (m.free_faults, m.unreported)  # armed free faults, failed deferred frees poll will report
-    return (m.generation, faults_used, frees, len(s.views), tuple(sorted(allocs)), tuple(sorted(leftovers)))
+    return (m.generation, faults_used, frees, tuple(sorted(allocs)), tuple(sorted(leftovers)))
 
 
 # ------------------------------------------------------------ search

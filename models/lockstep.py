@@ -5,6 +5,10 @@ that changes nothing, or a failure), the implementation must match, and
 `check()` compares everything observable after each step. The Hypothesis
 stateful test and the bounded model checker both drive this one class.
 
+Views: the harness holds every tinygrad tensor that reaches a view (the view
+and tensors derived from it) and nothing else does, so dropping one here is
+dropping its last reference; CPython collects it at once (no gc needed).
+
 Each call also appends the public-API code it ran, with assertions of the
 model's predictions, to `script`: a failing sequence becomes a runnable test.
 """
@@ -18,7 +22,7 @@ from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
 from devbridge.events import Event
-from devbridge.models.reference import Fail, ReferenceModel, Reject
+from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Reject
 from devbridge.ring import HostRing
 from devbridge.statemachine.core import USE_EVENTS
 from devbridge.statemachine.machine import Step
@@ -26,10 +30,23 @@ from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, Te
 
 U8 = ObjectSpec("blob", "uint8")
 
+# Tensors derived from a live tensor `t`, unrealized, each reaching t's view (VIEW-3):
+# the source for the script and the same code to run.
+DERIVE: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "reshape": ("{t}.reshape(1, -1)", lambda t: t.reshape(1, -1)),  # a movement op
+    "lazy": ("{t} + 1", lambda t: t + 1),  # a lazy op, never realized
+    "assign": ("{t}.detach().assign({t} + 0)", lambda t: t.detach().assign(t + 0)),  # a new Tensor, assign target
+}
+PIN_KEYS = ("state", "copies_in", "copies_out", "computes", "views")  # bridge.pins but the time waited
+
 SCRIPT_HEADER = [
     "import pytest",
     "from devbridge import *",
     "from devbridge.backends.fake import FakeBackend",
+    "",
+    "",
+    "def pins(bridge, h):",
+    "    return {k: v for k, v in bridge.pins(h).items() if k != 'waiting_s'}",
     "",
     "",
 ]
@@ -48,7 +65,9 @@ class Lockstep:
         self.handles: list[DeviceHandle] = []
         self.reservations: list[HostRange] = []
         self.pending: dict[int, Event] = {}  # model use id -> bridge event, for copies and computes
-        self.views: dict[int, Any] = {}  # model use id -> live tinygrad view
+        self.tensors: dict[int, Any] = {}  # model tensor id -> a live tensor reaching a view (held only here)
+        self.derived: dict[int, str] = {}  # model tensor id -> "view" or how it was derived
+        assert self.fake.view_alignment("uint8") == VIEW_ALIGNMENT, "the model's alignment is the fake's"
         self.cursor = 0
         self.script = [
             "def test_counterexample():",
@@ -149,7 +168,7 @@ class Lockstep:
             self.emit(f"assert bridge.poll() == {outcome}")
         got = self.expect(outcome, self.bridge.poll, "bridge.poll()")
         if isinstance(outcome, int):
-            assert got == outcome, (got, outcome)
+            assert got == outcome, f"bridge.poll() processed {got} uses, the model says {outcome}"
 
     def reserve(self, n: int) -> HostRange | None:
         outcome = self.model.reserve(n)
@@ -284,21 +303,43 @@ class Lockstep:
         if isinstance(outcome, int):
             self.track(outcome, event)
 
-    def wrap(self, h: DeviceHandle, d_off: int, d_n: int) -> None:
-        outcome = self.model.wrap(h.id)
+    def wrap(self, h: DeviceHandle, d_off: int, d_n: int) -> int | None:
+        """A view of `d_n` bytes at `d_off` (refused past the extent or at an unaligned offset:
+        VIEW-2); the model's id of its tensor, if made."""
+        outcome = self.model.wrap(h.id, d_off, d_n)
         view = TensorViewSpec((d_n,), "uint8", d_off)
         code = f"bridge.wrap_for_tinygrad(h{h.id}, TensorViewSpec(({d_n},), 'uint8', {d_off}))"
         if isinstance(outcome, int):
-            self.emit(f"v{outcome} = {code}")
+            self.emit(f"t{outcome} = {code}")
         tensor = self.expect(outcome, lambda: self.bridge.wrap_for_tinygrad(h, view), code)
-        if isinstance(outcome, int):
-            self.views[outcome] = tensor
+        if not isinstance(outcome, int):
+            return None
+        self.tensors[outcome] = tensor
+        self.derived[outcome] = "view"
+        return outcome
 
-    def drop_view(self, use: int) -> None:
-        self.emit(f"del v{use}")
-        del self.views[use]  # the finalizer queues the end of the use; the bridge applies it on its next call
-        self.model.finish(use)  # a view's end is reported to nobody, aborted by a restart or not
-        self.poll(1)
+    def derive(self, t: int, kind: str) -> int:
+        """A tensor derived from live tensor `t` (see DERIVE): it reaches the same view, so the
+        view's use lasts while it lives (VIEW-3); the model's id of the new tensor."""
+        source, make = DERIVE[kind]
+        d = self.model.derive(t)
+        self.emit(f"t{d} = {source.format(t=f't{t}')}")
+        self.tensors[d] = make(self.tensors[t])
+        self.derived[d] = kind
+        return d
+
+    def drop(self, t: int) -> None:
+        """Drop tensor `t`: the last one reaching its view ends the view's use. The finalizer only
+        queues the end: no backend free happens before the next bridge call (here a poll, which
+        counts it); an earlier tensor dropped ends nothing."""
+        ended = self.model.drop(t)
+        frees = [c.buffer for c in self.fake.calls if c.op == "free"]
+        self.emit(f"del t{t}")
+        del self.tensors[t], self.derived[t]
+        if ended:
+            self.emit(f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {frees!r}")
+            assert [c.buffer for c in self.fake.calls if c.op == "free"] == frees, "freed before the next bridge call"
+        self.poll(ended)
 
     def complete(self, use: int, failed: bool) -> None:
         event = self.pending.pop(use)
@@ -385,6 +426,7 @@ class Lockstep:
             if not released and set(self.span(r)) <= self.model.unreleased:
                 self.probe_view(k, r)
         for h in self.handles:
+            self.check_pins(h)
             alloc = self.model.allocs[h.id]
             if not alloc.released:
                 self.emit(f"assert bytes(fake.buffer({h.id}).data) == {bytes(alloc.data)!r}")
@@ -394,6 +436,20 @@ class Lockstep:
             self.emit(f"assert fake.live_allocations == {held}")
             assert self.model.quiescent_leaks() == []
             assert self.fake.live_allocations == held, "a freed allocation is still held at quiescence"
+
+    def check_pins(self, h: DeviceHandle) -> None:
+        """bridge.pins agrees with the model's uses in flight (a view counts while any tensor
+        reaches it); it has waited only while a release is deferred. The fake's live views of the
+        buffer (anchors any tensor still reaches) are the model's views."""
+        expected = self.model.pins(h.id)
+        self.emit(f"assert pins(bridge, h{h.id}) == {expected!r}")
+        got = self.bridge.pins(h)
+        waited = got.pop("waiting_s")
+        assert list(got) == list(PIN_KEYS), f"pins keys {list(got)}"
+        assert got == expected, f"pins of #{h.id}: {got}, the model says {expected}"
+        assert type(waited) is float and waited >= 0, waited
+        assert waited == 0.0 or str(expected["state"]).endswith("_pending"), f"#{h.id} waited {waited} s unpinned"
+        assert self.fake.buffer(h.id).live_views() == expected["views"], "the fake's live views of the buffer"
 
     def probe_view(self, k: int, r: HostRange) -> None:
         """Host bytes are readable exactly when the model says so, and hold the model's bytes."""

@@ -12,6 +12,13 @@ failed (counted; a failed synchronous output copy also leaves its range
 unreadable; a failed free leaves the allocation dead all the same), and
 otherwise an id.
 
+A view's use lasts while any tensor reaching its memory lives (VIEW-3): the
+view itself and every tensor derived from it (movement ops, lazy ops, assign
+targets). `wrap` returns the view's tensor, `derive` a tensor derived from a
+live one, `drop` forgets one; the use ends when its last tensor is dropped
+(the bridge applies the end on its next call). A view's offset must be a
+multiple of the device's alignment (VIEW-2).
+
 Backend frees can be made to fail (`arm_free_faults`): each allocation gets
 exactly one release attempt, the next attempts consume the armed faults, and a
 failed one is reported where the release happened: by `free` (immediate), by
@@ -21,7 +28,10 @@ completion or a dropped view caused, by the next `poll`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
+VIEW_ALIGNMENT = 16  # the fake device's (tinygrad CPU's): a view's offset is a multiple of it
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,7 @@ class Use:
     device_offset: int = 0
     fails: bool = False  # an injected fault: fails when the backend finishes it
     release: bool = True  # an input copy's bytes are released by the bridge (else by the worker)
+    tensors: set[int] = field(default_factory=set)  # a view's live tensors: the view and those derived from it
 
 
 class ReferenceModel:
@@ -68,6 +79,8 @@ class ReferenceModel:
         self.free_failures = 0  # backend frees that failed
         self.unreported = 0  # deferred frees that failed since the last poll (which reports them)
         self.next_use = 0
+        self.tensors: dict[int, int] = {}  # live tensor id -> the view use it reaches
+        self.next_tensor = 0
         # host ring, byte by byte (stream offsets)
         self.capacity = ring_capacity
         self.head = 0
@@ -216,10 +229,42 @@ class ReferenceModel:
                 return rejected
         return self._begin(Use("compute", unique, self.generation, fails=fails), sync=False)
 
-    def wrap(self, a: int) -> int | Reject:
+    def wrap(self, a: int, offset: int, nbytes: int) -> int | Reject:
+        """A view of `nbytes` at `offset`: the id of its tensor. Checked as the bridge does: the
+        allocation's lifecycle, then the extent, then the alignment (both VIEW-2)."""
         if rejected := self._use_rejection(a):
             return rejected
-        return self._begin(Use("view", [a], self.generation), sync=False)
+        if offset + nbytes > len(self.allocs[a].data) or offset % VIEW_ALIGNMENT:
+            return Reject("InvalidViewError", "VIEW-2")
+        u = self._begin(Use("view", [a], self.generation), sync=False)
+        return self._tensor(u)
+
+    def derive(self, t: int) -> int:
+        """A tensor derived from live tensor `t` (a movement op, a lazy op, an assign): it reaches
+        the same view, whatever became of the allocation since (not a bridge call: never refused)."""
+        return self._tensor(self.tensors[t])
+
+    def drop(self, t: int) -> int:
+        """The last reference to tensor `t` goes: how many uses that ends (1 if it was its view's
+        last tensor, else 0). The bridge ends it on its next call."""
+        u = self.tensors.pop(t)
+        use = self.uses[u]
+        use.tensors.remove(t)
+        if use.tensors:
+            return 0
+        self.finish(u)  # a view's end is reported to nobody, aborted by a restart or not
+        return 1
+
+    def pins(self, a: int) -> dict[str, object]:
+        """bridge.pins without the time waited: the state and the uses in flight by kind."""
+        kinds = Counter(self.uses[u].kind for u in self.allocs[a].uses)
+        return {
+            "state": self.state(a),
+            "copies_in": kinds["copy_in"],
+            "copies_out": kinds["copy_out"],
+            "computes": kinds["compute"],
+            "views": kinds["view"],
+        }
 
     def restart(self) -> Fail | None:
         """Every old idle allocation gets its release, even after one failed; then any failure
@@ -283,6 +328,13 @@ class ReferenceModel:
         if sync:
             self.finish(u)
         return u
+
+    def _tensor(self, u: int) -> int:
+        t = self.next_tensor
+        self.next_tensor += 1
+        self.tensors[t] = u
+        self.uses[u].tensors.add(t)
+        return t
 
     def _release_if_done(self, a: int) -> bool:
         """Release a dead allocation nothing uses (once); whether that backend free failed."""

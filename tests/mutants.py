@@ -14,6 +14,7 @@ from unittest import mock
 
 from devbridge import Bridge, DeviceRange, HostRing, RangeError
 from devbridge.backends.base import OK
+from devbridge.backends.fake import FakeBackend
 from devbridge.spec import guard_values
 from devbridge.statemachine.core import Effects, InFlight, LifecycleCore
 from devbridge.statemachine.machine import Step, Table
@@ -152,6 +153,16 @@ def view_does_not_pin() -> Iterator[None]:
         return use
 
     with mock.patch.object(LifecycleCore, "begin", begin):
+        yield
+
+
+@mutant
+def view_use_ends_with_its_tensor() -> Iterator[None]:
+    """A view's use ends when the Tensor wrap_for_tinygrad returned is collected, not when the
+    view's anchor is (the finalizer on the tensor, as before VIEW-3 covered derived tensors):
+    a tensor derived from the view no longer keeps the allocation in use. The fake still
+    tracks the real anchors, so it refuses a free of memory a derived tensor reaches."""
+    with mock.patch.object(FakeBackend, "view_anchor", lambda self, view: view):
         yield
 
 

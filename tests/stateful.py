@@ -5,7 +5,10 @@
 bridge call, the worker's ring calls, completing or failing any pending event in
 any order, injected faults (allocations, copies, computes, backend frees that
 fail at once, in a restart or deferred, queries and waits that fail), wait
-timeouts, near-capacity reservations, and deliberately bad calls. After every step
+timeouts, near-capacity reservations, views at aligned and unaligned offsets,
+tensors derived from views (movement ops, lazy ops, assign targets) that keep
+them in use after the view itself is dropped (also across a free or a restart),
+and deliberately bad calls. After every step
 `Lockstep.check` compares the implementation with the model and checks the
 spec's invariants. `COVERAGE` records which compiled spec candidates
 (transitions and rejections) the run exercised.
@@ -24,14 +27,13 @@ from devbridge import (
     DeviceRange,
     HostRange,
     InvalidHandleError,
-    InvalidViewError,
     LifecycleError,
     RangeError,
     TensorViewSpec,
 )
 from devbridge.models.coverage import Coverage
-from devbridge.models.lockstep import Lockstep
-from devbridge.models.reference import Reject
+from devbridge.models.lockstep import DERIVE, Lockstep
+from devbridge.models.reference import VIEW_ALIGNMENT, Reject
 from devbridge.statemachine import default_table
 
 RING = 384
@@ -40,6 +42,8 @@ fault = st.sampled_from([False, False, False, True])
 mostly = st.sampled_from([True, True, True, False])
 MAX_HANDLES = 3
 MAX_FREE_FAULTS = 2
+MAX_TENSORS = 6  # live tensors reaching views, all views together
+derivation = st.sampled_from(sorted(DERIVE))
 
 
 COVERAGE = Coverage(default_table())
@@ -56,7 +60,7 @@ class BridgeMachine(RuleBasedStateMachine):
         self.s = Lockstep(RING, observer=COVERAGE.record)
 
     def teardown(self) -> None:
-        self.s.views.clear()
+        self.s.tensors.clear()
 
     # ------------------------------------------------------------ choosing arguments
 
@@ -128,9 +132,9 @@ class BridgeMachine(RuleBasedStateMachine):
         if drain:
             m = self.s.model
             held = m._pending("copy_in") | m._pending("copy_out")
-            for r in self.s.ring.unreleased():
-                if not set(self.s.span(r)) & held:
-                    self.s.release(r)
+            for span in self.s.ring.unreleased():
+                if not set(self.s.span(span)) & held:
+                    self.s.release(span)
         if (r := self.s.reserve(n)) is not None and not keep:
             self.s.release(r)
 
@@ -245,21 +249,72 @@ class BridgeMachine(RuleBasedStateMachine):
         self.s.compute([self.handle(i) for i in hs], fails)
         self.probe_end(self.handle(hs[0]), "copy_end")
 
-    @precondition(lambda self: self.s.handles)
-    @rule(h=index, off=index, n=index, keep=st.booleans())
-    def wrap(self, h: int, off: int, n: int, keep: bool) -> None:
+    def view_range(self, handle: DeviceHandle, off: int, n: int, aligned: bool) -> tuple[int, int]:
+        """A view's offset and size within the extent: aligned (0, 16 or 32 for 1..48 bytes), or
+        any offset (unaligned ones are refused: VIEW-2)."""
+        if aligned:
+            off = VIEW_ALIGNMENT * (off % -(-handle.extent // VIEW_ALIGNMENT))
+        return self.device_range(handle, off, n)
+
+    @precondition(lambda self: self.s.handles and len(self.s.tensors) < MAX_TENSORS)
+    @rule(h=index, off=index, n=index, keep=st.booleans(), aligned=mostly)
+    def wrap(self, h: int, off: int, n: int, keep: bool, aligned: bool) -> None:
         """Make a view; kept for later steps, or used and dropped at once (a transient view)."""
         handle = self.handle(h)
-        d_off, d_n = self.device_range(handle, off, n)
-        before = set(self.s.views)
-        self.s.wrap(handle, d_off, d_n)
-        if not keep and (new := set(self.s.views) - before):
-            self.s.drop_view(new.pop())
+        t = self.s.wrap(handle, *self.view_range(handle, off, n, aligned))
+        if not keep and t is not None:
+            self.s.drop(t)
 
-    @precondition(lambda self: self.s.views)
+    def pick_tensor(self, i: int, views_only: bool = False) -> int | None:
+        ids = sorted(t for t, how in self.s.derived.items() if how == "view" or not views_only)
+        return ids[i % len(ids)] if ids else None
+
+    @precondition(lambda self: self.s.tensors and len(self.s.tensors) < MAX_TENSORS)
+    @rule(i=index, kind=derivation)
+    def derive(self, i: int, kind: str) -> None:
+        """Derive a tensor from a live one (the view or a derived one): it keeps the view in use."""
+        t = self.pick_tensor(i)
+        assert t is not None
+        self.s.derive(t, kind)
+
+    @precondition(lambda self: self.s.tensors)
     @rule(i=index)
-    def drop_view(self, i: int) -> None:
-        self.s.drop_view(sorted(self.s.views)[i % len(self.s.views)])
+    def drop_tensor(self, i: int) -> None:
+        """Drop a view or a derived tensor: the view's use ends with the last one reaching it."""
+        t = self.pick_tensor(i)
+        assert t is not None
+        self.s.drop(t)
+
+    @precondition(lambda self: "view" in self.s.derived.values() and len(self.s.tensors) < MAX_TENSORS)
+    @rule(i=index, kind=derivation)
+    def drop_view_keep_derived(self, i: int, kind: str) -> None:
+        """Derive a tensor from a view, then drop the view: the derived one keeps it in use."""
+        t = self.pick_tensor(i, views_only=True)
+        assert t is not None
+        self.s.derive(t, kind)
+        self.s.drop(t)
+
+    @precondition(lambda self: self.s.handles and len(self.s.tensors) < MAX_TENSORS)
+    @rule(h=index, off=index, n=index, kind=derivation, restart=st.booleans(), fails=fault)
+    def free_while_derived_pins(self, h: int, off: int, n: int, kind: str, restart: bool, fails: bool) -> None:
+        """A view whose only live tensor is a derived one when the allocation is freed (or the
+        worker restarts): the release is deferred while it lives (the fake refuses a free of
+        memory a tensor reaches); dropping it releases the memory on the next bridge call (a
+        release that may be made to fail: reported by that poll)."""
+        handle = self.handle(h)
+        t = self.s.wrap(handle, *self.view_range(handle, off, n, aligned=True))
+        if t is None:
+            return
+        d = self.s.derive(t, kind)
+        self.s.drop(t)
+        self.s.check()
+        if restart:
+            self.restart()
+        else:
+            self.free(h)
+        self.arm_free_fault(fails)
+        self.s.check()
+        self.s.drop(d)
 
     # ------------------------------------------------------------ completions
 
@@ -337,15 +392,12 @@ class BridgeMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.s.handles)
-    @rule(h=index, over=st.integers(1, 4))
-    def invalid_view(self, h: int, over: int) -> None:
+    @rule(h=index, over=st.integers(1, 4), off=st.sampled_from([0, 0, 1, 4, 8, 12, 16]))
+    def invalid_view(self, h: int, over: int, off: int) -> None:
+        """A view past the extent, maybe at an unaligned offset too: VIEW-2 (the model says
+        USE-1 or GEN-2 first for a dead allocation)."""
         handle = self.handle(h)
-        assume(self.s.model._use_rejection(handle.id) is None)
-        view = TensorViewSpec((handle.extent + over,), "uint8")
-        code = f"bridge.wrap_for_tinygrad(h{handle.id}, TensorViewSpec(({handle.extent + over},), 'uint8'))"
-        self.s.expect(
-            Reject(InvalidViewError.__name__, "VIEW-2"), lambda: self.s.bridge.wrap_for_tinygrad(handle, view), code
-        )
+        assert self.s.wrap(handle, off, handle.extent + over - off if off < handle.extent else over) is None
 
     @precondition(lambda self: self.s.handles)
     @rule(h=index, t=index, event=st.sampled_from(["copy_end", "compute_end", "restart"]))

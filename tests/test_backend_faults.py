@@ -24,8 +24,8 @@ from devbridge import (
     OutputCopyError,
     WaitTimeoutError,
 )
-from devbridge.backends.base import BackendError
-from devbridge.backends.fake import FAULTABLE, FakeBackend
+from devbridge.backends.base import FAULTABLE, BackendError
+from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 
 

@@ -37,3 +37,31 @@ def test_readme_usage_block_runs() -> None:
     exec(compile(block, "README.md", "exec"), namespace)
     bridge = namespace["bridge"]
     assert bridge.stats()["backend_frees"] == 1 and bridge.stats()["live_allocations"] == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", ["fake", "tinygrad"])
+def test_jit_example_runs_views_as_arguments_and_reports_a_captured_view(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from devbridge.example import JitReport, run_jit_example
+
+    with caplog.at_level("WARNING", logger="devbridge"):
+        report = run_jit_example(steps=4, restart_at=2, backend=backend)
+    assert report == JitReport(
+        steps=4,
+        verified=4,
+        restarts=1,
+        live_allocations=0,
+        captured_state="free_pending",
+        captured_views=1,
+        captured_released=True,
+    )
+    assert [r.getMessage().split(" after ")[0] for r in caplog.records] == [
+        "allocation #5 (w, role weights) is free_pending"
+    ]
+
+
+def test_cli_runs_the_jit_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["example", "--jit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["verified"], report["captured_state"], report["captured_released"]) == (6, "free_pending", True)

@@ -9,8 +9,9 @@ import stateful
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 from mutants import MUTANTS
-from stateful import BridgeMachine, Coverage
+from stateful import BridgeMachine
 
+from devbridge.models.coverage import Coverage
 from devbridge.statemachine import default_table
 
 HUNT = settings(

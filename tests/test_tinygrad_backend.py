@@ -93,15 +93,17 @@ def test_free_parks_the_buffer_until_the_device_is_done_and_views_keep_memory_al
     ring.view(src)[:] = np.array([1, 2, 3, 4], dtype=np.float32).tobytes()
     bridge.host_to_device(src, DeviceRange(x, 0, 16))  # device memory is not zeroed: write it
     view = bridge.wrap_for_tinygrad(x, TensorViewSpec((4,), "float32"))
-    lazy = view + 1  # a lazy graph that still refers to the memory
+    lazy = view + 1  # a lazy graph that still refers to the memory: it pins the allocation (VIEW-3)
     del view
     gc.collect()
     bridge.poll()
     bridge.free_device(x)
-    assert bridge.state(x) == "freed"
+    assert bridge.state(x) == "free_pending"
+    np.testing.assert_array_equal(lazy.numpy(), [2, 3, 4, 5])  # the memory is still the allocation's
+    del lazy
+    assert bridge.poll() == 1 and bridge.state(x) == "freed"
     backend.synchronize()
     assert backend.parked == 0
-    np.testing.assert_array_equal(lazy.numpy(), [2, 3, 4, 5])  # the memory is still the allocation's
 
 
 def test_allocation_failure_maps_to_backend_error() -> None:

@@ -27,12 +27,12 @@ def floats(*values: float) -> bytes:
 
 @pytest.mark.holds("VIEW-1")
 def test_view_shares_the_allocation_memory_at_its_offset(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
-    h = bridge.alloc_device(F32, 32)
-    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 3), "float32", offset=8))
+    h = bridge.alloc_device(F32, 48)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 3), "float32", offset=16))
     assert isinstance(view, Tensor) and view.shape == (2, 3) and view.dtype.itemsize == 4
-    assert fake.calls[-1] == Call("view", 0, 8, 24, shape=(2, 3), dtype="float32")
+    assert fake.calls[-1] == Call("view", 0, 16, 24, shape=(2, 3), dtype="float32")
     # bytes written through the bridge after wrapping are seen by the existing view
-    bridge.host_to_device(put(ring, floats(1, 2, 3, 4, 5, 6)), DeviceRange(h, 8, 24))
+    bridge.host_to_device(put(ring, floats(1, 2, 3, 4, 5, 6)), DeviceRange(h, 16, 24))
     np.testing.assert_array_equal(view.numpy(), np.arange(1, 7, dtype=np.float32).reshape(2, 3))
     np.testing.assert_array_equal((view * 2).sum(axis=1).numpy(), np.array([12, 30], dtype=np.float32))
 
@@ -40,10 +40,10 @@ def test_view_shares_the_allocation_memory_at_its_offset(bridge: Bridge, fake: F
 @pytest.mark.holds("VIEW-2")
 def test_views_at_aligned_offsets_up_to_the_extent_are_accepted(bridge: Bridge, fake: FakeBackend) -> None:
     h = bridge.alloc_device(F32, 32)
-    tail = bridge.wrap_for_tinygrad(h, TensorViewSpec((1,), "float32", offset=28))
+    tail = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "float32", offset=16))
     whole = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 2, 2), "float32"))
-    assert (tail.shape, whole.shape) == ((1,), (2, 2, 2))
-    assert [(c.offset, c.nbytes) for c in fake.calls if c.op == "view"] == [(28, 4), (0, 32)]
+    assert (tail.shape, whole.shape) == ((4,), (2, 2, 2))
+    assert [(c.offset, c.nbytes) for c in fake.calls if c.op == "view"] == [(16, 16), (0, 32)]
 
 
 @pytest.mark.rejects("VIEW-2")
@@ -55,6 +55,8 @@ def test_invalid_views_are_rejected_without_a_backend_call(bridge: Bridge, fake:
         (h, TensorViewSpec((4,), "int32")),  # not the spec's dtype
         (h, TensorViewSpec((9,), "float32")),  # past the extent
         (h, TensorViewSpec((2,), "float32", offset=28)),  # straddles the end
+        (h, TensorViewSpec((2,), "float32", offset=4)),  # aligned to float32, not to what the device runs
+        (h, TensorViewSpec((2,), "float32", offset=8)),
         (role, TensorViewSpec((2, 2), "float32")),  # not the role's view
         (h, (8,)),  # not a TensorViewSpec
     ]
@@ -101,9 +103,9 @@ def test_a_live_view_pins_its_allocation_until_collected(bridge: Bridge, fake: F
 
 @pytest.mark.holds("VIEW-3")
 def test_two_views_both_pin(bridge: Bridge, fake: FakeBackend) -> None:
-    h = bridge.alloc_device(U8, 8)
+    h = bridge.alloc_device(U8, 32)
     a = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "uint8"))
-    b = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "uint8", offset=4))
+    b = bridge.wrap_for_tinygrad(h, TensorViewSpec((4,), "uint8", offset=16))
     bridge.free_device(h)
     del a
     gc.collect()
@@ -151,3 +153,51 @@ def test_wait_times_out_on_an_event_nobody_completes(bridge: Bridge, fake: FakeB
         ev.wait(timeout=0.05)
     fake.complete(ev)
     ev.wait(timeout=0)
+
+
+@pytest.mark.holds("PIN-1")
+def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 32)
+    assert bridge.pins(h) == {
+        "state": "allocated", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0,
+    }  # fmt: skip
+    up = bridge.host_to_device(put(ring, b"pinned!!"), DeviceRange(h, 0, 8), sync=False)
+    down = bridge.device_to_host(DeviceRange(h, 16, 8), ring.reserve(8), sync=False)
+    ev = bridge.compute(h)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 2), "uint8", offset=16))
+    derived = view.reshape(4)
+    del view
+    pins = bridge.pins(h)
+    assert {k: v for k, v in pins.items() if k != "waiting_s"} == {
+        "state": "copying_computing", "copies_in": 1, "copies_out": 1, "computes": 1, "views": 1,
+    }  # fmt: skip
+    assert pins["waiting_s"] == 0.0
+    bridge.free_device(h)
+    for event in (up, down, ev):
+        fake.complete(event)
+    pins = bridge.pins(h)
+    assert (pins["state"], pins["views"], pins["computes"]) == ("free_pending", 1, 0)
+    assert isinstance(pins["waiting_s"], float) and pins["waiting_s"] >= 0.0
+    del derived
+    assert bridge.poll() == 1 and bridge.pins(h)["state"] == "freed" and fake.ops().count("free") == 1
+
+
+@pytest.mark.rejects("PIN-1")
+def test_a_release_still_waiting_is_logged_once_with_its_spec_name(
+    fake: FakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    bridge = Bridge(fake, pending_warning_s=0)
+    h = bridge.alloc_device(ObjectSpec("kv-cache", "uint8", role="state"), 16)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((16,), "uint8"))
+    lazy = view + 1  # a lazy graph the worker forgot: it still reaches the memory
+    del view
+    bridge.free_device(h)
+    with caplog.at_level("WARNING", logger="devbridge"):
+        assert bridge.poll() == 0 and bridge.poll() == 0
+    assert [r.getMessage().split(" after ")[0] for r in caplog.records] == [
+        "allocation #0 (kv-cache, role state) is free_pending"
+    ]
+    assert caplog.records[0].getMessage().endswith("still in use by 1 view")
+    assert "free" not in fake.ops()
+    del lazy
+    assert bridge.poll() == 1 and fake.ops() == ["alloc", "view", "free"]
