@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,7 @@ class TinygradBackend:
         self.generation = 0
         self._lock = threading.RLock()
         self._copies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-copy")
+        self._last_copy: Future[None] | None = None  # the newest copy queued on the copy thread
         self._listeners: list[Callable[[object], None]] = []
         self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
         self._gate = threading.Event()
@@ -112,6 +114,7 @@ class TinygradBackend:
         if memory is not None:
             dst = memory[offset : offset + len(src)]
             return self._on_copy_thread("copy_in", lambda: self._move(dst, src))
+        self._after_queued_copies()
         try:
             tg.copy_in(buf, offset, src)
         except Exception as e:
@@ -131,6 +134,7 @@ class TinygradBackend:
                 self._move(dst, src)
 
             return self._on_copy_thread("copy_out", move)
+        self._after_queued_copies()
         try:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
         except Exception as e:
@@ -223,10 +227,19 @@ class TinygradBackend:
         ctypes.memmove(_address(dst), _address(src), len(src))  # releases the GIL
 
     def _on_copy_thread(self, op: str, work: Callable[[], None]) -> TinygradToken:
-        token = TinygradToken(op, future=self._copies.submit(work), gate=self._gate)
-        assert token.future is not None
-        token.future.add_done_callback(lambda _: self._notify(token))
+        with self._lock:
+            future = self._last_copy = self._copies.submit(work)
+        token = TinygradToken(op, future=future, gate=self._gate)
+        future.add_done_callback(lambda _: self._notify(token))
         return token
+
+    def _after_queued_copies(self) -> None:
+        """A synchronous copy runs after every asynchronous copy issued before it, as on a device
+        stream. The copy thread runs in issue order, so waiting (blocking, no spin) for its newest
+        copy suffices; the Bridge's completion callback never blocks the copy thread."""
+        last = self._last_copy
+        if last is not None and not last.done():
+            wait_futures([last])
 
     def _notify(self, token: TinygradToken) -> None:
         with self._lock:

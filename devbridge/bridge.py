@@ -85,6 +85,7 @@ class Bridge:
         self._pending: dict[int, Event] = {}  # use id -> event awaiting the backend
         self._by_token: dict[int, Event] = {}  # id(backend token) -> the same events
         self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
+        self._completed: deque[object] = deque()  # tokens the backend finished (appended on any thread)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._waiting: dict[int, float] = {}  # free_pending/stale_pending allocation id -> since when
@@ -104,7 +105,7 @@ class Bridge:
     def alloc_device(self, spec: ObjectSpec, extent: int) -> DeviceHandle:
         """Allocate `extent` bytes for an object of `spec` in the current generation."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             if type(spec) is not ObjectSpec:
                 raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {short(spec)}")
             size = as_count(extent)
@@ -128,7 +129,7 @@ class Bridge:
         """Free now, or as soon as no copy, compute or view uses the allocation (FREE-1).
         A backend failure to free is reported (DeviceFreeError); the handle is dead anyway."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, _ = self._resolve(handle)
             record = self._core.free(*key)
             if record is None:
@@ -147,7 +148,7 @@ class Bridge:
         _flag("sync", sync)
         _flag("release", release)
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, record = self._check_copy(src, dst, "H2D-1")
             src.ring.check_source(src)
             try:
@@ -166,7 +167,7 @@ class Bridge:
         when the event completes (async); a failed output range is never readable."""
         _flag("sync", sync)
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, record = self._check_copy(dst, src, "D2H-1")
             dst.ring.check_dest(dst)
             try:
@@ -187,7 +188,7 @@ class Bridge:
     def compute(self, *handles: DeviceHandle) -> ComputeEvent:
         """Mark `handles` in use by compute until the returned event completes."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
             keys = list(resolved)
             self._core.check(keys, "compute_begin")
@@ -207,7 +208,7 @@ class Bridge:
         """A zero-copy tinygrad Tensor over the allocation. While it lives, the allocation
         is in use by compute (VIEW-3): freeing it is deferred until the Tensor is collected."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, record = self._resolve(handle)
             self._core.check([key], "compute_begin")
             assert record is not None, "the core refuses dead allocations"
@@ -245,7 +246,7 @@ class Bridge:
         """Process every use the backend has finished; how many were processed. Then report
         deferred backend frees that failed since the last poll (DeviceFreeError, FREE-3)."""
         with self._lock:
-            finished = self._drain_views()
+            finished = self._drain()
             for event in list(self._pending.values()):
                 if self._ready(event):
                     status = self._query(event)
@@ -263,7 +264,7 @@ class Bridge:
         old memory is released now if unused, else when the backend is done with it.
         Backend failures are reported once every old buffer had its release (FREE-3, FAULT-1)."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             releases = self._core.restart()
             self._counts["restarts"] += 1
             now = time.monotonic()
@@ -289,7 +290,7 @@ class Bridge:
         (input and output copies, compute events, live views: a view counts while any tinygrad
         object can reach its memory), and how long a deferred release has waited."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, _ = self._resolve(handle)
             kinds = Counter(use.kind for use in self._core.dependents(key[0]))
             since = self._waiting.get(key[0])
@@ -305,13 +306,13 @@ class Bridge:
     def state(self, handle: DeviceHandle) -> str:
         """The allocation's lifecycle state, a state name from the spec."""
         with self._lock:
-            self._drain_views()
+            self._drain()
             key, _ = self._resolve(handle)
             return self._core.state(*key)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            self._drain_views()
+            self._drain()
             live = list(self._core.allocations())
             counts = {
                 k: self._counts[k]
@@ -423,10 +424,16 @@ class Bridge:
                     self._finish(event, Status(True, f"waiting on the backend failed: {e}"))
 
     def _on_complete(self, token: object) -> None:
-        with self._lock:
-            event = self._by_token.get(id(token))
-            if event is not None and event.backend_token is token:
-                self._refresh(event)
+        """The backend reports a finished token, on any thread. Never blocks: a device thread
+        must not wait for a caller that may be waiting for that thread (a synchronous copy
+        ordered after queued ones). When the lock is busy, the next call applies it; done(),
+        wait() and poll() also query the backend themselves, so nothing waits on this."""
+        self._completed.append(token)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
 
     def _finish(self, event: Event, status: Status) -> None:
         """The one place a use ends. The event is settled whatever happens here."""
@@ -463,11 +470,19 @@ class Bridge:
         error_type = {"copy_in": DeviceCopyError, "copy_out": OutputCopyError}.get(kind, ComputeError)
         return error_type(rule, f"{kind} #{effects.use.id} failed: {status.error}")
 
-    def _drain_views(self) -> int:
+    def _drain(self) -> int:
+        """Apply what arrived while no call ran: views collected, tokens the backend finished.
+        How many uses that ended."""
         drained = 0
         while self._views_gone:
             self._apply(self._core.end(self._views_gone.popleft(), ok=True))
             drained += 1
+        while self._completed:
+            token = self._completed.popleft()
+            event = self._by_token.get(id(token))
+            if event is not None and event.backend_token is token:
+                self._refresh(event)
+                drained += event.use_id not in self._pending
         return drained
 
     def _warn_long_waits(self) -> None:

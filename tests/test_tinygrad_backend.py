@@ -112,3 +112,41 @@ def test_allocation_failure_maps_to_backend_error() -> None:
     bridge = Bridge(TinygradBackend("CPU"))
     with pytest.raises(DeviceAllocationError, match=r"\[ALLOC-2\]"):
         bridge.alloc_device(ObjectSpec("huge", "uint8"), 1 << 46)
+
+
+def test_a_sync_copy_lands_after_the_async_copies_issued_before_it() -> None:
+    """Regression: an async host_to_device A then a sync host_to_device B into the same bytes
+    left A's bytes on the device in about 1 run in 10 (the copy thread ran A after B)."""
+    bridge, ring = Bridge(TinygradBackend("CPU")), HostRing(1 << 16)
+    h = bridge.alloc_device(ObjectSpec("x", "uint8"), 64)
+    wrong = 0
+    for k in range(2000):
+        a, b = ring.reserve(64), ring.reserve(64)
+        ring.view(a)[:] = bytes([k % 251]) * 64
+        ring.view(b)[:] = bytes([(k % 251) + 1]) * 64
+        first = bridge.host_to_device(a, DeviceRange(h, 0, 64), sync=False)
+        bridge.host_to_device(b, DeviceRange(h, 0, 64), sync=True)
+        first.wait(timeout=30)
+        out = ring.reserve(64)
+        bridge.device_to_host(DeviceRange(h, 0, 64), out)
+        wrong += bytes(ring.view(out)) != bytes([(k % 251) + 1]) * 64
+        ring.release(out)
+    assert wrong == 0
+
+
+def test_a_sync_read_sees_the_async_write_issued_before_it() -> None:
+    """Regression: a sync device_to_host issued after a queued async host_to_device of the
+    same bytes returned the old bytes."""
+    bridge, ring = Bridge(TinygradBackend("CPU")), HostRing(1 << 16)
+    h = bridge.alloc_device(ObjectSpec("x", "uint8"), 64)
+    stale = 0
+    for k in range(2000):
+        src = ring.reserve(64)
+        ring.view(src)[:] = bytes([k % 251]) * 64
+        bridge.host_to_device(src, DeviceRange(h, 0, 64), sync=False)
+        out = ring.reserve(64)
+        bridge.device_to_host(DeviceRange(h, 0, 64), out)
+        stale += bytes(ring.view(out)) != bytes([k % 251]) * 64
+        ring.release(out)
+        bridge.poll()
+    assert stale == 0
