@@ -17,6 +17,14 @@ Completion events:
   before it (the marker is taken again when a `with bridge.compute(...)`
   block exits).
 
+Issue order of copies: on CPU the copy thread runs asynchronous copies in
+the order issued, and a synchronous copy first waits for the asynchronous
+ones queued before it. Elsewhere every copy goes through the allocator's
+`_copyin`/`_copyout`, which runs in order on the device's queue before the
+call returns (an asynchronous copy only completes its event later), so
+copies land in issue order there too. Compute is not ordered against copies
+by this backend.
+
 Release and tinygrad's LRU cache: `free` means the bridge gives up its
 ownership. The Buffer is parked until the device has finished the work
 queued before the free, then dropped; tinygrad returns the memory to its LRU
