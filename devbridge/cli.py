@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,18 +65,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devbridge.example import run_example
 
     report = run_example(args.objects, args.floats, args.seed, args.backend, args.device)
-    if args.json:
-        print(json.dumps(asdict(report)))
-    else:
-        print(
-            f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
-            f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"
-            f"calls {report.calls}\n"
-            f"at the end: live allocations {report.live_allocations}, "
-            f"unreleased host bytes {report.unreleased_host_bytes}\n"
-            f"{report.seconds:.2f} s"
-        )
-    clean = report.lost == report.live_allocations == report.unreleased_host_bytes == 0
+    text = (
+        f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
+        f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"
+        f"calls {report.calls}\n"
+        f"at the end: live allocations {report.live_allocations}, "
+        f"unreleased host bytes {report.unreleased_host_bytes}\n"
+        f"{report.seconds:.2f} s"
+    )
+    return show(args, report, text, report.lost == report.live_allocations == report.unreleased_host_bytes == 0)
+
+
+def run_jit_command(args: argparse.Namespace) -> int:
+    from devbridge.example import run_jit_example
+
+    report = run_jit_example(backend=args.backend, device=args.device, seed=args.seed)
+    text = (
+        f"jitted steps {report.steps}  verified {report.verified}  restarts {report.restarts}\n"
+        f"a JIT that captured the weights' view in a closure: after free_device the weights are "
+        f"{report.captured_state} ({report.captured_views} live view); released once the JIT is gone: "
+        f"{report.captured_released}\n"
+        f"at the end: live allocations {report.live_allocations}"
+    )
+    clean = report.verified == report.steps and report.captured_released and report.live_allocations == 0
+    return show(args, report, text, clean)
+
+
+def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
+    """Print a report as JSON (--json) or as text; the exit status says whether it is clean."""
+    print(json.dumps(asdict(report)) if args.json else text)
     return 0 if clean else 1
 
 
@@ -144,21 +162,3 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def run_jit_command(args: argparse.Namespace) -> int:
-    from devbridge.example import run_jit_example
-
-    report = run_jit_example(backend=args.backend, device=args.device, seed=args.seed)
-    if args.json:
-        print(json.dumps(asdict(report)))
-    else:
-        print(
-            f"jitted steps {report.steps}  verified {report.verified}  restarts {report.restarts}\n"
-            f"a JIT that captured the weights' view in a closure: after free_device the weights are "
-            f"{report.captured_state} ({report.captured_views} live view); released once the JIT is gone: "
-            f"{report.captured_released}\n"
-            f"at the end: live allocations {report.live_allocations}"
-        )
-    clean = report.verified == report.steps and report.captured_released and report.live_allocations == 0
-    return 0 if clean else 1
