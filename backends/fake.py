@@ -5,7 +5,14 @@ Tests drive it: asynchronous events complete only when a test calls
 so a write outside the requested range is caught. The fake also keeps its
 own books and raises `FakeViolation` whenever the Bridge asks for something
 the contract forbids: freeing memory that a pending event or a live view
-uses, freeing twice, or touching a buffer of an older generation.
+uses, freeing twice, touching a buffer of an older generation, or running a
+copy or compute before a pending one it conflicts with has finished
+(ORDER-1: overlapping bytes of one buffer, one of them writing; two computes
+are ordered by the device's queue and never conflict).
+
+`wait` runs the work it is asked to wait for, as a device does when a host
+synchronizes with it: a synchronous call that must follow a pending copy
+makes progress in a single-threaded test instead of blocking forever.
 
 Asynchronous data moves at completion time, as on a real device: an input
 copy reads the host bytes when it completes, so host bytes released too
@@ -31,6 +38,13 @@ GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
 DEFAULT_CAPACITY = 1 << 30  # the fake device's memory: a huge extent fails like a real device's
+WRITES = {"copy_in": True, "copy_out": False, "compute": True}  # whether each op writes what it touches
+
+
+def _bool_arg(name: str, value: object) -> bool:
+    if type(value) is not bool:
+        raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
+    return value
 
 
 class FakeViolation(AssertionError):
@@ -80,6 +94,7 @@ class FakeEvent:
     fail: bool
     apply: Callable[[], None] | None
     status: Status = PENDING
+    span: tuple[int, int] | None = None  # the bytes a copy touches; None: all of its buffers
 
     @property
     def pending(self) -> bool:
@@ -89,17 +104,21 @@ class FakeEvent:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, capacity: int | None = DEFAULT_CAPACITY) -> None:
-        """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails."""
+    def __init__(self, capacity: int | None = DEFAULT_CAPACITY, *, run_on_wait: bool = True) -> None:
+        """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails.
+        `run_on_wait`: `wait` runs the pending work it waits for (False: it blocks until a test,
+        maybe on another thread, completes it, or the timeout passes, like a hung device)."""
         size = None if capacity is None else as_count(capacity)
         if capacity is not None and (size is None or size <= 0):
             raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
         self.capacity = size
+        self.run_on_wait = _bool_arg("run_on_wait", run_on_wait)
         self.generation = 0
         self.calls: list[Call] = []
         self.violations: list[str] = []
         self._buffers: dict[int, FakeBuffer] = {}
         self._events: dict[int, FakeEvent] = {}
+        self._live: list[FakeEvent] = []  # events that may be pending, oldest first (pruned as they finish)
         self._faults: Counter[str] = Counter()
         self._listeners: list[Callable[[object], None]] = []
         self._cond = threading.Condition(threading.RLock())
@@ -118,7 +137,8 @@ class FakeBackend:
     def pending(self) -> list[FakeEvent]:
         """Events not yet completed, oldest first."""
         with self._cond:
-            return [e for e in self._events.values() if e.pending]
+            self._live = [e for e in self._live if e.pending]
+            return list(self._live)
 
     def complete(self, event: Any) -> None:
         """Complete one pending event (a FakeEvent, its id, or a Bridge event)."""
@@ -129,11 +149,13 @@ class FakeBackend:
         self._finish(self._resolve(event), message)
 
     def complete_all(self) -> int:
-        """Complete every pending event, oldest first; how many there were."""
-        events = self.pending()
-        for e in events:
-            self._finish(e, None)
-        return len(events)
+        """Complete every pending event, oldest first, and those the completions let the Bridge
+        submit (held-back copies), until none is pending; how many there were."""
+        done = 0
+        while events := self.pending():
+            self._finish(events[0], None)
+            done += 1
+        return done
 
     @property
     def live_allocations(self) -> int:
@@ -190,7 +212,7 @@ class FakeBackend:
                 raise BackendError(f"fake: cannot free buffer #{buf.id}")
             if buf.freed:
                 self._violate(f"buffer #{buf.id} freed twice")
-            if busy := [e.id for e in self._events.values() if e.pending and buf.id in e.buffers]:
+            if busy := [e.id for e in self.pending() if buf.id in e.buffers]:
                 self._violate(f"buffer #{buf.id} freed while events {busy} use it")
             if buf.live_views():
                 self._violate(f"buffer #{buf.id} freed while {buf.live_views()} view(s) can read it")
@@ -201,7 +223,8 @@ class FakeBackend:
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
         with self._cond:
             buf = self._usable(buffer, offset, len(src), "copy_in")
-            ev = self._new_event("copy_in", (buf.id,), lambda: self._write(buf, offset, bytes(src)))
+            span = (offset, offset + len(src))
+            ev = self._new_event("copy_in", (buf.id,), lambda: self._write(buf, offset, bytes(src)), span)
             self.calls.append(Call("copy_in", buf.id, offset, len(src), sync, ev.id, generation=self.generation))
             return self._submit(ev, sync)
 
@@ -212,7 +235,7 @@ class FakeBackend:
             def move() -> None:
                 dst[:] = buf.data[offset : offset + len(dst)].tobytes()
 
-            ev = self._new_event("copy_out", (buf.id,), move)
+            ev = self._new_event("copy_out", (buf.id,), move, (offset, offset + len(dst)))
             self.calls.append(Call("copy_out", buf.id, offset, len(dst), sync, ev.id, generation=self.generation))
             return self._submit(ev, sync)
 
@@ -265,10 +288,15 @@ class FakeBackend:
             return ev.status
 
     def wait(self, token: object, timeout: float | None) -> bool:
+        """Runs the event's work if it is pending (as a device does when synchronized with), so
+        it is done on return, failed as armed; without `run_on_wait`, blocks for a completion."""
         with self._cond:
             ev = self._resolve(token)
             self._lose_on_fault("wait", ev)
-            return self._cond.wait_for(lambda: not ev.pending, timeout)
+            if not (self.run_on_wait and ev.pending):
+                return self._cond.wait_for(lambda: not ev.pending, timeout)
+        self._finish(ev, None, settled_ok=True)  # another thread may have completed it meanwhile
+        return True
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:
         with self._cond:
@@ -309,10 +337,26 @@ class FakeBackend:
             self._violate(f"{op} [{offset}, {offset + nbytes}) outside buffer #{buf.id} of {buf.nbytes} B")
         return buf
 
-    def _new_event(self, op: str, buffers: tuple[int, ...], apply: Callable[[], None] | None) -> FakeEvent:
-        ev = FakeEvent(len(self._events), op, buffers, self._take_fault(op), apply)
+    def _new_event(
+        self, op: str, buffers: tuple[int, ...], apply: Callable[[], None] | None, span: tuple[int, int] | None = None
+    ) -> FakeEvent:
+        self._check_order(op, buffers, span)
+        ev = FakeEvent(len(self._events), op, buffers, self._take_fault(op), apply, span=span)
         self._events[ev.id] = ev
+        self._live.append(ev)
         return ev
+
+    def _check_order(self, op: str, buffers: tuple[int, ...], span: tuple[int, int] | None) -> None:
+        """ORDER-1, checked on the fake's own books: nothing runs before a pending conflicting use."""
+        for ev in self.pending():
+            if not set(ev.buffers) & set(buffers) or op == ev.op == "compute":
+                continue
+            overlap = ev.span is None or span is None or (ev.span[0] < span[1] and span[0] < ev.span[1])
+            if overlap and (WRITES[op] or WRITES[ev.op]):
+                self._violate(
+                    f"{op} {span or 'whole'} on buffers {list(buffers)} submitted while pending event #{ev.id} "
+                    f"({ev.op} {ev.span or 'whole'}) touches the same bytes"
+                )
 
     def _submit(self, ev: FakeEvent, sync: bool) -> FakeEvent:
         if not sync:
@@ -341,9 +385,11 @@ class FakeBackend:
             raise KeyError(f"no fake event {token!r}")
         return ev
 
-    def _finish(self, ev: FakeEvent, failure: str | None) -> None:
+    def _finish(self, ev: FakeEvent, failure: str | None, settled_ok: bool = False) -> None:
         with self._cond:
             if not ev.pending:
+                if settled_ok:
+                    return
                 raise ValueError(f"fake event #{ev.id} ({ev.op}) is not pending")
             if failure is None and ev.fail:
                 failure = f"fake: {ev.op} failed"

@@ -22,8 +22,11 @@ the order issued, and a synchronous copy first waits for the asynchronous
 ones queued before it. Elsewhere every copy goes through the allocator's
 `_copyin`/`_copyout`, which runs in order on the device's queue before the
 call returns (an asynchronous copy only completes its event later), so
-copies land in issue order there too. Compute is not ordered against copies
-by this backend.
+copies land in issue order there too, and an event completes once the
+device's timeline signal passes the value taken after its copy. Compute is
+not ordered against copies by this backend: the Bridge does that (ORDER-1),
+holding a conflicting copy back until the compute event completes and making
+compute() wait for the copies in flight on its allocations.
 
 Release and tinygrad's LRU cache: `free` means the bridge gives up its
 ownership. The Buffer is parked until the device has finished the work

@@ -9,6 +9,12 @@ event's `done`/`wait`, or a backend callback on any thread, go through
 `_finish`, the one place where host bytes are released, output becomes
 valid, and deferred frees reach the backend.
 
+Ordering (ORDER-1): conflicting uses of the same device bytes take effect
+in issue order. The core says which uses in flight a new one must follow;
+an asynchronous copy with predecessors is held back (no backend call yet)
+and `_launch`ed when the last of them ends, a synchronous copy and compute()
+wait for them first (without the lock, blocking on the backend).
+
 Nothing a caller hands in is trusted: a handle is resolved to the bridge's
 own record (HANDLE-1), and only the record's extent, spec and memory are
 used. A backend failure anywhere becomes a typed error and never loses an
@@ -39,13 +45,14 @@ from devbridge.errors import (
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
+    OrderingError,
     OutputCopyError,
     RangeError,
     StaleHandleError,
     short,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event
-from devbridge.statemachine.core import Allocation, Effects, LifecycleCore
+from devbridge.statemachine.core import Allocation, Effects, InFlight, LifecycleCore
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -82,8 +89,10 @@ class Bridge:
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
-        self._pending: dict[int, Event] = {}  # use id -> event awaiting the backend
-        self._by_token: dict[int, Event] = {}  # id(backend token) -> the same events
+        self._pending: dict[int, Event] = {}  # use id -> event not done (held back or on the backend)
+        self._by_token: dict[int, Event] = {}  # id(backend token) -> the submitted ones among them
+        self._launchable: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
+        self._launching = False
         self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
         self._completed: deque[object] = deque()  # tokens the backend finished (appended on any thread)
         self._counts: Counter[str] = Counter()
@@ -147,62 +156,82 @@ class Bridge:
         itself (a worker that must survive restarts keeps its inputs until delivered)."""
         _flag("sync", sync)
         _flag("release", release)
-        with self._lock:
-            self._drain()
-            key, record = self._check_copy(src, dst, "H2D-1")
-            src.ring.check_source(src)
-            try:
-                token = self._backend.copy_in(record.memory, dst.offset, src.ring.raw(src), sync=sync)
-            except BackendError as e:
-                self._counts["copy_failures"] += 1
-                raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
-            use = self._core.begin("copy_in", [key], host=src, keep_host=not release)
-            src.ring.begin_read(src)
-            self._counts["copies_in"] += 1
-            self._counts["bytes_in"] += src.nbytes
-            return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+        while True:
+            with self._lock:
+                self._drain()
+                key, record = self._check_copy(src, dst, "H2D-1")
+                src.ring.check_source(src)
+                span = (dst.offset, dst.offset + dst.nbytes)
+                if not (before := self._core.conflicts("copy_in", [key], span)) or not sync:
+                    token = None  # held back behind `before` (ORDER-1)
+                    if not before:
+                        try:
+                            token = self._backend.copy_in(record.memory, dst.offset, src.ring.raw(src), sync=sync)
+                        except BackendError as e:
+                            self._counts["copy_failures"] += 1
+                            raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
+                    use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span)
+                    src.ring.begin_read(src)
+                    self._counts["copies_in"] += 1
+                    self._counts["bytes_in"] += src.nbytes
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+                blocker = self._blocker(before)
+            self._wait_for(blocker)
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst`. The host bytes are valid on return (sync) or
         when the event completes (async); a failed output range is never readable."""
         _flag("sync", sync)
-        with self._lock:
-            self._drain()
-            key, record = self._check_copy(dst, src, "D2H-1")
-            dst.ring.check_dest(dst)
-            try:
-                token = self._backend.copy_out(dst.ring.raw(dst), record.memory, src.offset, sync=sync)
-            except BackendError as e:
-                self._counts["copy_failures"] += 1
-                dst.ring.begin_write(dst)
-                dst.ring.end_write(dst, valid=False)
-                raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
-            use = self._core.begin("copy_out", [key], host=dst)
-            dst.ring.begin_write(dst)
-            self._counts["copies_out"] += 1
-            self._counts["bytes_out"] += dst.nbytes
-            return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+        while True:
+            with self._lock:
+                self._drain()
+                key, record = self._check_copy(dst, src, "D2H-1")
+                dst.ring.check_dest(dst)
+                span = (src.offset, src.offset + src.nbytes)
+                if not (before := self._core.conflicts("copy_out", [key], span)) or not sync:
+                    token = None  # held back behind `before` (ORDER-1)
+                    if not before:
+                        try:
+                            token = self._backend.copy_out(dst.ring.raw(dst), record.memory, src.offset, sync=sync)
+                        except BackendError as e:
+                            self._counts["copy_failures"] += 1
+                            dst.ring.begin_write(dst)
+                            dst.ring.end_write(dst, valid=False)
+                            raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
+                    use = self._core.begin("copy_out", [key], host=dst, span=span)
+                    dst.ring.begin_write(dst)
+                    self._counts["copies_out"] += 1
+                    self._counts["bytes_out"] += dst.nbytes
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+                blocker = self._blocker(before)
+            self._wait_for(blocker)
 
     # ------------------------------------------------------------ compute and views
 
     def compute(self, *handles: DeviceHandle) -> ComputeEvent:
-        """Mark `handles` in use by compute until the returned event completes."""
-        with self._lock:
-            self._drain()
-            resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
-            keys = list(resolved)
-            self._core.check(keys, "compute_begin")
-            memories = [record.memory for record in resolved.values() if record is not None]
-            try:
-                token = self._backend.compute(memories)
-            except BackendError as e:
-                self._counts["compute_failures"] += 1
-                raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
-            use = self._core.begin("compute", keys)
-            self._counts["computes"] += 1
-            event = ComputeEvent(self, use.id, token, tuple(handles))
-            self._track(event)
-            return event
+        """Mark `handles` in use by compute until the returned event completes. The copies in
+        flight on them are waited for first (ORDER-1): the compute sees every byte they write,
+        and none it writes reaches a copy issued before it."""
+        while True:
+            with self._lock:
+                self._drain()
+                resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
+                keys = list(resolved)
+                self._core.check(keys, "compute_begin")
+                if not (before := self._core.conflicts("compute", keys)):
+                    memories = [record.memory for record in resolved.values() if record is not None]
+                    try:
+                        token = self._backend.compute(memories)
+                    except BackendError as e:
+                        self._counts["compute_failures"] += 1
+                        raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
+                    use = self._core.begin("compute", keys)
+                    self._counts["computes"] += 1
+                    event = ComputeEvent(self, use.id, token, tuple(handles))
+                    self._track(event)
+                    return event
+                blocker = self._blocker(before)
+            self._wait_for(blocker)
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
         """A zero-copy tinygrad Tensor over the allocation. While it lives, the allocation
@@ -319,7 +348,7 @@ class Bridge:
                 for k in (
                     "allocs", "backend_frees", "deferred_frees", "copies_in", "copies_out", "bytes_in",
                     "bytes_out", "computes", "views", "copy_failures", "compute_failures", "alloc_failures",
-                    "free_failures", "aborted", "restarts",
+                    "free_failures", "aborted", "restarts", "held", "waits",
                 )
             }  # fmt: skip
             return {
@@ -376,6 +405,9 @@ class Bridge:
 
     def _submitted(self, event: CopyEvent, sync: bool) -> CopyEvent:
         self._track(event)
+        if event.backend_token is None:  # held back: launched when its predecessors end
+            self._counts["held"] += 1
+            return event
         status = OK if sync else self._query(event)  # a synchronous copy is done on return
         if status.done:
             self._finish(event, status)
@@ -385,10 +417,66 @@ class Bridge:
 
     def _track(self, event: Event) -> None:
         self._pending[event.use_id] = event
-        self._by_token[id(event.backend_token)] = event
+        if event.backend_token is not None:
+            self._by_token[id(event.backend_token)] = event
 
     def _ready(self, event: Event) -> bool:
-        return not (isinstance(event, ComputeEvent) and event.open)
+        """Whether the backend can say the event is done: submitted, and not an open compute."""
+        return event.backend_token is not None and not (isinstance(event, ComputeEvent) and event.open)
+
+    def _blocker(self, before: list[InFlight]) -> Event:
+        """The event to wait for so that uses `before` make progress: the oldest of them and their
+        own predecessors (it follows nothing, so it is on the backend). ORDER-2 if any of them is
+        an open compute event, which cannot end while the caller waits."""
+        chain = self._core.closure(before)
+        for use in chain:
+            event = self._pending[use.id]
+            if isinstance(event, ComputeEvent) and event.open:
+                raise OrderingError(
+                    "ORDER-2", f"this call must follow {event!r}, whose `with` block is open: it would wait forever"
+                )
+        return self._pending[chain[0].id]
+
+    def _wait_for(self, event: Event) -> None:
+        """Block, without the lock, until `event` (a use a call must follow) is done."""
+        with self._lock:
+            self._counts["waits"] += 1
+        self._wait_backend(event, None)
+        self._refresh(event)
+
+    def _launch(self, use: InFlight) -> None:
+        """Submit a held-back copy whose predecessors have all ended (asynchronously: this may run
+        on a device thread). A use a restart made stale is aborted instead; a backend refusal
+        fails it. Either way its own followers are launched in turn."""
+        event = self._pending[use.id]
+        if use.generation != self._core.generation:
+            self._finish(event, Status(True, "aborted by a restart before it was submitted"))
+            return
+        record, host = self._core.allocation(use.allocations[0]), use.host
+        assert record is not None and use.span is not None, "a held use keeps its allocation's record"
+        try:
+            if use.kind == "copy_in":
+                token = self._backend.copy_in(record.memory, use.span[0], host.ring.raw(host), sync=False)
+            else:
+                token = self._backend.copy_out(host.ring.raw(host), record.memory, use.span[0], sync=False)
+        except BackendError as e:
+            self._finish(event, Status(True, f"submitting it once its predecessors ended failed: {e}"))
+            return
+        event.backend_token = token
+        self._by_token[id(token)] = event
+        self._refresh(event)
+
+    def _launch_ready(self) -> None:
+        """Launch the held uses that became ready, in issue order; one loop however long the
+        chain (a launch that fails or aborts makes its followers ready in turn)."""
+        if self._launching:
+            return
+        self._launching = True
+        try:
+            while self._launchable:
+                self._launch(self._launchable.popleft())
+        finally:
+            self._launching = False
 
     def _closed(self, event: ComputeEvent) -> None:
         """A `with compute(...)` block exited: the marker must cover the work it queued."""
@@ -401,11 +489,22 @@ class Bridge:
             self._refresh(event)
 
     def _refresh(self, event: Event) -> None:
+        """Finish `event` if the backend is done with it; a held event first refreshes the
+        submitted uses it follows (their end may launch it)."""
         with self._lock:
-            if event.use_id in self._pending and self._ready(event):
-                status = self._query(event)
-                if status.done:
-                    self._finish(event, status)
+            if event.use_id not in self._pending:
+                return
+            if event.backend_token is None and (use := self._core.use(event.use_id)) is not None:
+                for before in self._core.closure([use]):
+                    if before.id != use.id and (earlier := self._pending.get(before.id)) is not None:
+                        self._refresh_submitted(earlier)
+            self._refresh_submitted(event)
+
+    def _refresh_submitted(self, event: Event) -> None:
+        if event.use_id in self._pending and self._ready(event):
+            status = self._query(event)
+            if status.done:
+                self._finish(event, status)
 
     def _query(self, event: Event) -> Status:
         """The backend's status of the event; a failed query settles it as failed (the
@@ -416,6 +515,12 @@ class Bridge:
             return Status(True, f"querying the backend failed: {e}")
 
     def _wait_backend(self, event: Event, timeout: float | None) -> None:
+        """Block on the backend for `event`, or for a held event the oldest use it follows."""
+        with self._lock:
+            if event.use_id not in self._pending:
+                return
+            if event.backend_token is None and (use := self._core.use(event.use_id)) is not None:
+                event = self._blocker([use])
         try:
             self._backend.wait(event.backend_token, timeout)  # without the lock: may block
         except BackendError as e:
@@ -436,18 +541,23 @@ class Bridge:
                 self._lock.release()
 
     def _finish(self, event: Event, status: Status) -> None:
-        """The one place a use ends. The event is settled whatever happens here."""
-        del self._pending[event.use_id], self._by_token[id(event.backend_token)]
+        """The one place a use ends. The event is settled whatever happens here; then the held
+        uses that followed only it are launched (their events settle after this one)."""
+        del self._pending[event.use_id]
+        if event.backend_token is not None:
+            del self._by_token[id(event.backend_token)]
         error: BridgeError | None = None
         try:
             effects = self._core.end(event.use_id, ok=status.error is None)
             self._apply(effects)
             error = self._error(effects, status)
+            self._launchable.extend(effects.ready)
         except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
             error = e
             raise
         finally:
             event._settle(error)
+        self._launch_ready()
 
     def _apply(self, effects: Effects) -> None:
         use = effects.use

@@ -176,6 +176,8 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         out += [f"### {section}", ""]
         if section.startswith("Generations"):
             out += _restart_summary(lc)
+        if section == "Ordering":
+            out += _ordering_summary(lc)
         for rid in ids:
             out += _rule_block(lc, rid, tests)
     out += ["## Invariants", "", "Checked after every step of the stateful tests:", ""]
@@ -202,6 +204,26 @@ def _restart_summary(lc: Lifecycle) -> list[str]:
         for o in lc.outcomes(state, "restart"):
             if not isinstance(o, Rejection):
                 rows.append(f"| `{state}` | `{o.dest}`" + (" + backend free |" if o.action else " |"))
+    return [*rows, ""]
+
+
+def _ordering_summary(lc: Lifecycle) -> list[str]:
+    rows = ["What each use does to device bytes (`range`: the copy's device range; `whole`: every byte):", ""]
+    rows += ["| use | reads | writes | |", "|---|---|---|---|"]
+    for a in lc.accesses.values():
+        rows.append(f"| `{a.use}` | {a.reads or '—'} | {a.writes or '—'} | {a.doc} |")
+    rows += [
+        "",
+        "Hazards: a later use follows an earlier one still in flight that touches an overlapping byte when",
+        "",
+    ]
+    rows += [f"- **{h.name}**: the earlier {h.earlier}, the later {h.later} ({h.doc})." for h in lc.hazards]
+    pairs = ", ".join(f"`{a}` then `{b}`" for a, b in sorted(lc.device_ordered))
+    rows += ["", f"No edge for {pairs}: {lc.ordering_doc}", ""]
+    uses = list(lc.accesses)
+    rows += ["| earlier \\ later | " + " | ".join(f"`{u}`" for u in uses) + " |", "|---" * (len(uses) + 1) + "|"]
+    for earlier in uses:
+        rows.append(f"| `{earlier}` | " + " | ".join(lc.hazard(earlier, later) or "—" for later in uses) + " |")
     return [*rows, ""]
 
 

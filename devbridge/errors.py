@@ -96,6 +96,10 @@ class StaleHandleError(BridgeError):
     """The handle (or event) belongs to a generation that a restart ended."""
 
 
+class OrderingError(BridgeError):
+    """A call would wait for a use that cannot end while it waits (an open compute event)."""
+
+
 class LifecycleError(BridgeError):
     """An event reached the core that no allocation state accepts: a bug, not bad input."""
 
@@ -120,5 +124,6 @@ ERRORS: dict[str, type[BridgeError]] = {
         StaleHandleError,
         LifecycleError,
         WaitTimeoutError,
+        OrderingError,
     )
 }

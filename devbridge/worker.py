@@ -7,6 +7,12 @@ download (async device_to_host) -> delivered, so the upload of object k+1
 overlaps the compute of object k. The MLP's weights are uploaded once per
 generation under their own role.
 
+Ordering is the bridge's (ORDER-1): the download is issued right after the
+compute, without waiting for its event; the bridge holds it back until the
+compute has written what it reads. The worker still starts a compute only
+once its upload is done: compute() would wait for the upload itself, but
+blocking there would stall the other objects in the window.
+
 No object is lost: inputs are copied with `release=False` and released only
 once the object's output is delivered, so a failed or restart-aborted copy
 is retried in the new generation from the same host bytes; outputs are
@@ -105,6 +111,7 @@ class Job:
     out: HostRange | None = None
     stage: str = "alloc"
     event: Event | None = None
+    computed: Event | None = None  # the compute event the download follows (ORDER-1)
     old: list[Event] = field(default_factory=list)  # events of an older generation still on the device
 
 
@@ -259,7 +266,7 @@ class Worker:
             if job.event is not None and not job.event.done():
                 job.old.append(job.event)
             job.x = job.y = None
-            job.event = None
+            job.event = job.computed = None
             job.stage = "alloc"
         self.upload_weights()
 
@@ -280,7 +287,7 @@ class Worker:
             self.upload(job)
         elif job.stage == "upload" and self.settled(job):
             self.compute(job)
-        elif job.stage == "compute" and self.settled(job):
+        elif job.stage == "compute":  # the output range was not free yet: the download follows the compute
             self.download(job)
         elif job.stage == "download" and job.out is not None and self.settled(job):
             self.deliver(job)
@@ -290,13 +297,16 @@ class Worker:
         assert job.event is not None
         if not job.event.done():
             return False
+        if job.stage == "download" and job.computed is not None and job.computed.error is not None:
+            # the download ran on the bytes as the failed compute left them (ORDER-1); x is gone:
+            # start over from the kept input (the output range is reused)
+            self.failures_retried += 1
+            job.stage, job.event, job.computed = "alloc", None, None
+            return False
         if job.event.error is None:
             return True
         self.failures_retried += 1
-        if job.stage == "compute":  # x is gone: start over from the kept input
-            job.stage, job.event = "alloc", None
-        else:
-            (self.upload if job.stage == "upload" else self.download)(job)
+        (self.upload if job.stage == "upload" else self.download)(job)
         return False
 
     def attempt(self, job: Job, stage: str, copy: Callable[[], Event]) -> None:
@@ -331,8 +341,9 @@ class Worker:
             del xv, yv  # views pin their allocations while they live
         self.reported(self.bridge.free_device, job.x)  # deferred until the compute event completes
         job.x = None
-        job.event = event
+        job.event = job.computed = event
         job.stage = "compute"
+        self.download(job)  # at once: held back by the bridge until the compute event completes
 
     def download(self, job: Job) -> None:
         assert job.y is not None

@@ -115,10 +115,13 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
     actions.append(("oob", 0))
     if m.generation < bound.restarts:
         actions += [("restart", f) for f in can_fail]  # a failing free: the first one it releases, or later
-    for use in sorted(s.pending):
+    for use in s.submitted():  # held-back uses are the bridge's to submit (ORDER-1)
         actions += [("complete", use, f) for f in can_fail]
         if faults_used < bound.faults:
             actions.append(("query", use))  # the backend's query fails: the event fails
+    for use in sorted(s.pending):
+        if not m.uses[use].submitted:
+            actions.append(("wait", use))  # runs the chain it follows, oldest first
     if m.unreported:
         actions.append(("poll",))  # reports the deferred frees that failed
     for t in sorted(s.tensors):
@@ -173,6 +176,8 @@ def apply(s: Lockstep, action: Action) -> None:
         s.complete(action[1], action[2])
     elif kind == "query":
         s.query_fails(action[1], via_poll=False)
+    elif kind == "wait":
+        s.wait(action[1])
     elif kind == "poll":
         s.poll(0)
     elif kind == "restart":
@@ -197,6 +202,7 @@ def apply(s: Lockstep, action: Action) -> None:
         s.expect(Reject("RangeError", "RANGE-1"), lambda: DeviceRange(h, 0, h.extent + 1), code)
     else:
         raise ValueError(f"unknown action {action}")
+    s.reconcile()  # events of uses the model ended on its own settle now (as check() would)
 
 
 FAULTABLE = ("alloc", "free", "restart", "h2d", "d2h", "compute", "complete")
@@ -211,10 +217,18 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
     m = s.model
     allocs = []
     for a, alloc in m.allocs.items():
-        uses = tuple(
-            sorted((m.uses[u].kind, m.uses[u].fails, tuple(sorted(s.derived[t] for t in m.uses[u].tensors)))
-                   for u in alloc.uses)
-        )  # fmt: skip
+        # copies and computes in issue order (which follows which matters: ORDER-1), views as a set
+        ordered = tuple(
+            (m.uses[u].kind, m.uses[u].fails, m.uses[u].submitted)
+            for u in sorted(alloc.uses)
+            if m.uses[u].kind != "view"
+        )
+        views = tuple(
+            sorted(
+                tuple(sorted(s.derived[t] for t in m.uses[u].tensors)) for u in alloc.uses if m.uses[u].kind == "view"
+            )
+        )
+        uses = (ordered, views)  # fmt: skip
         allocs.append((m.state(a), m.generation - alloc.generation, alloc.released, alloc.free_failed, uses))
     leftovers = []
     for r in s.reservations:

@@ -9,6 +9,12 @@ Views: the harness holds every tinygrad tensor that reaches a view (the view
 and tensors derived from it) and nothing else does, so dropping one here is
 dropping its last reference; CPython collects it at once (no gc needed).
 
+Ordering (ORDER-1): the model says which uses are held back; only submitted
+ones can be completed or failed by a test, and `check()` asserts that the
+fake's pending events are exactly the submitted uses, settles the events of
+uses the model ended on its own (run by a synchronous call's wait, aborted
+held uses) and compares each device byte with the model's issue-order bytes.
+
 Each call also appends the public-API code it ran, with assertions of the
 model's predictions, to `script`: a failing sequence becomes a runnable test.
 """
@@ -90,11 +96,12 @@ class Lockstep:
             self.fake.snapshot(),
         )
 
-    def expect(self, outcome: object, call: Callable[[], Any], code: str) -> Any:
-        """Run `call` (whose source is `code`); a model refusal must raise its error and change nothing."""
+    def expect(self, outcome: object, call: Callable[[], Any], code: str, unchanged: bool = True) -> Any:
+        """Run `call` (whose source is `code`); a model refusal must raise its error and change nothing
+        (but what a synchronous call ran before it was refused: `unchanged` is then False)."""
         if isinstance(outcome, Reject | Fail):
             self.emit(f"with pytest.raises({outcome.error}, match=r'\\[{outcome.rule}\\]'):", f"    {code}")
-            before = self.snapshot() if isinstance(outcome, Reject) else None
+            before = self.snapshot() if isinstance(outcome, Reject) and unchanged else None
             try:
                 call()
             except BridgeError as e:
@@ -125,6 +132,17 @@ class Lockstep:
         assert event.use_id == use, (event.use_id, use)
         if not event.done():
             self.pending[use] = event
+
+    def submitted(self) -> list[int]:
+        """The pending uses on the backend (not held back), oldest first: a test may end these."""
+        return [u for u in sorted(self.pending) if u in self.model.uses and self.model.uses[u].submitted]
+
+    def reconcile(self) -> None:
+        """Settle the events of uses the model ended on its own: run by a synchronous call's
+        wait (the fake's wait runs the work), or held back past a restart and aborted."""
+        for u in sorted(self.pending):
+            if u not in self.model.uses:
+                self.settled(u, self.pending.pop(u), self.model.outcomes[u])
 
     # ------------------------------------------------------------ calls
 
@@ -253,7 +271,7 @@ class Lockstep:
         lost: bool = False,
     ) -> None:
         outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails, release)
-        if fails and not isinstance(outcome, Reject):  # the call reaches the backend: arm the fault
+        if self.model.armed:  # the call reaches the backend at once: arm the fault
             self.fake.fail_next("copy_in")
             self.emit('fake.fail_next("copy_in")')
         dst = DeviceRange(h, d_off, src.nbytes)
@@ -267,7 +285,7 @@ class Lockstep:
         self, h: DeviceHandle, d_off: int, dst: HostRange, sync: bool, fails: bool, lost: bool = False
     ) -> None:
         outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails)
-        if fails and not isinstance(outcome, Reject):
+        if self.model.armed:
             self.fake.fail_next("copy_out")
             self.emit('fake.fail_next("copy_out")')
         src = DeviceRange(h, d_off, dst.nbytes)
@@ -276,14 +294,15 @@ class Lockstep:
 
     def _copy(self, outcome: object, call: Callable[[], Event], code: str, sync: bool, lost: bool) -> None:
         """With `lost`, the backend's query of an accepted asynchronous copy, right after it is
-        submitted, fails: the copy returns an event that is already done and failed."""
-        lost = lost and isinstance(outcome, int) and not sync
+        submitted, fails: the copy returns an event that is already done and failed (a held copy
+        is queried only once launched: nothing is lost then)."""
+        lost = lost and isinstance(outcome, int) and not sync and self.model.uses[outcome].submitted
         if lost:
             self.emit('fake.fail_next("query")')
             self.fake.fail_next("query")
         if isinstance(outcome, int):
             self.emit(f"e{outcome} = {code}")
-        event = self.expect(outcome, call, code)
+        event = self.expect(outcome, call, code, unchanged=not self.model.ran)
         if isinstance(outcome, int):
             if lost:
                 assert event.use_id == outcome, (event.use_id, outcome)
@@ -293,13 +312,13 @@ class Lockstep:
 
     def compute(self, handles: list[DeviceHandle], fails: bool) -> None:
         outcome = self.model.compute([h.id for h in handles], fails)
-        if fails and not isinstance(outcome, Reject):
+        if self.model.armed:
             self.fake.fail_next("compute")
             self.emit('fake.fail_next("compute")')
         code = f"bridge.compute({', '.join(f'h{h.id}' for h in handles)})"
         if isinstance(outcome, int):
             self.emit(f"e{outcome} = {code}")
-        event = self.expect(outcome, lambda: self.bridge.compute(*handles), code)
+        event = self.expect(outcome, lambda: self.bridge.compute(*handles), code, unchanged=not self.model.ran)
         if isinstance(outcome, int):
             self.track(outcome, event)
 
@@ -361,7 +380,7 @@ class Lockstep:
         self.fake.fail_next("query")
         expected = self.model.finish(use, failed=True)
         if via_poll:
-            assert use == min([use, *self.pending]), "poll queries the oldest pending event first"
+            assert use == min([use, *self.submitted()]), "poll queries the oldest submitted event first"
             self.poll(1)
         else:
             self.emit(f"assert e{use}.done()")
@@ -379,13 +398,26 @@ class Lockstep:
         self.expect(Fail(*expected), lambda: event.wait(timeout=1), f"e{use}.wait(timeout=1)")
         self.settled(use, event, expected)
 
+    def wait(self, use: int) -> None:
+        """event.wait() on a pending event: the bridge waits for the oldest use in its chain (the
+        fake's wait runs it) until the event is done; it raises the event's error, if any."""
+        event = self.pending[use]
+        while use in self.model.uses:
+            self.model._run_before_use(use)
+        expected = self.model.outcomes[use]
+        code = f"e{use}.wait(timeout=5)"  # runs what it follows, oldest first, then itself
+        if expected is None:
+            self.emit(code)
+        self.expect(None if expected is None else Fail(*expected), lambda: event.wait(timeout=5), code)
+        self.settled(use, self.pending.pop(use), expected)
+
     def wait_times_out(self, use: int) -> None:
         """Waiting no time on a pending event: WaitTimeoutError (WAIT-1), nothing changes."""
         event = self.pending[use]
         self.expect(Reject("WaitTimeoutError", "WAIT-1"), lambda: event.wait(timeout=0), f"e{use}.wait(timeout=0)")
 
     def settled(self, use: int, event: Event, expected: tuple[str, str] | None) -> None:
-        assert event.done()
+        assert event.done(), f"use #{use} is not done; the model ended it (ORDER-1: waited for, or aborted)"
         error = event.error
         if expected is None:
             self.emit(f"assert e{use}.done() and e{use}.error is None")
@@ -397,6 +429,19 @@ class Lockstep:
 
     def check(self) -> None:
         """Everything observable agrees with the model, and the spec's invariants hold."""
+        self.reconcile()
+        inflight = sorted(u for u, use in self.model.uses.items() if use.kind != "view")
+        if inflight:
+            self.emit(f"assert not any(e.done() for e in [{', '.join(f'e{u}' for u in inflight)}])")
+        assert sorted(self.pending) == inflight, "events pending differ from the model's uses in flight"
+        on_backend = {u for u in self.pending if self.model.uses[u].submitted}
+        for u, event in self.pending.items():
+            assert (event.backend_token is not None) == (u in on_backend), f"use #{u} held back: ORDER-1"
+        tokens = {id(self.pending[u].backend_token) for u in on_backend}
+        running = sum(1 for use in self.model.uses.values() if use.submitted and use.kind != "view")
+        self.emit(f"assert len(fake.pending()) == {running}")
+        assert {id(ev) for ev in self.fake.pending()} == tokens, "the fake runs exactly the submitted uses"
+        assert len(tokens) == running, "the fake runs exactly the uses the model submitted"
         states = [self.model.state(h.id) for h in self.handles]
         freed = self.model.frees
         cursor = self.model.cursor()
@@ -429,8 +474,9 @@ class Lockstep:
             self.check_pins(h)
             alloc = self.model.allocs[h.id]
             if not alloc.released:
-                self.emit(f"assert bytes(fake.buffer({h.id}).data) == {bytes(alloc.data)!r}")
-                assert bytes(self.fake.buffer(h.id).data) == bytes(alloc.data), f"device bytes of #{h.id}"
+                expected = self.model.device_bytes(h.id)
+                self.emit(f"assert bytes(fake.buffer({h.id}).data) == {expected!r}")
+                assert bytes(self.fake.buffer(h.id).data) == expected, f"device bytes of #{h.id} (issue order)"
         if not self.model.uses:
             held = self.model.held()
             self.emit(f"assert fake.live_allocations == {held}")

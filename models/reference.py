@@ -19,6 +19,19 @@ live one, `drop` forgets one; the use ends when its last tensor is dropped
 (the bridge applies the end on its next call). A view's offset must be a
 multiple of the device's alignment (VIEW-2).
 
+Device bytes are computed by issue order, as a plain synchronous interpreter
+would (ORDER-1): every input copy is journalled with the host bytes it reads
+(they cannot change while it is in flight, H2D-3); an output copy reads, at
+its completion, what the journal's earlier writes that did not fail leave;
+a failed write never happened. A use that conflicts with an earlier one in
+flight (overlapping bytes of one allocation, one of them writing; two
+computes never conflict; a view is no access) is held back: not submitted to
+the backend until those end. A synchronous copy and a compute first run what
+they must follow, oldest first, as the fake's `wait` does. A held use of an
+ended generation is aborted when it would be submitted. A fault is injected
+only into a call submitted at once (`armed` says whether the last call's
+was); a held use fails only by failing it at completion.
+
 Backend frees can be made to fail (`arm_free_faults`): each allocation gets
 exactly one release attempt, the next attempts consume the armed faults, and a
 failed one is reported where the release happened: by `free` (immediate), by
@@ -29,9 +42,10 @@ completion or a dropped view caused, by the next `poll`.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 VIEW_ALIGNMENT = 16  # the fake device's (tinygrad CPU's): a view's offset is a multiple of it
+WRITES = {"copy_in": True, "copy_out": False, "compute": True}  # views touch no bytes
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,8 @@ class Fail:
 @dataclass
 class Alloc:
     generation: int
-    data: bytearray
+    extent: int
+    writes: list[tuple[int, int, bytes]] = field(default_factory=list)  # (use, offset, bytes): issued, not failed
     freed_by_user: bool = False
     used: bool = False
     released: bool = False  # its one backend free was attempted (never retried)
@@ -67,6 +82,12 @@ class Use:
     fails: bool = False  # an injected fault: fails when the backend finishes it
     release: bool = True  # an input copy's bytes are released by the bridge (else by the worker)
     tensors: set[int] = field(default_factory=set)  # a view's live tensors: the view and those derived from it
+    submitted: bool = True  # False while held back behind conflicting uses (ORDER-1)
+
+    @property
+    def span(self) -> range | None:
+        """The device bytes a copy touches; None: every byte of its allocations."""
+        return None if self.host is None else range(self.device_offset, self.device_offset + len(self.host))
 
 
 class ReferenceModel:
@@ -81,6 +102,9 @@ class ReferenceModel:
         self.next_use = 0
         self.tensors: dict[int, int] = {}  # live tensor id -> the view use it reaches
         self.next_tensor = 0
+        self.outcomes: dict[int, tuple[str, str] | None] = {}  # finished use -> the (error, rule) its event reports
+        self.armed = False  # whether the last call's fault is injected (it is submitted at once)
+        self.ran = False  # whether the last call first ran uses it had to follow (so it changed things)
         # host ring, byte by byte (stream offsets)
         self.capacity = ring_capacity
         self.head = 0
@@ -184,7 +208,7 @@ class ReferenceModel:
         if fails:
             return Fail("DeviceAllocationError", "ALLOC-2")
         a = len(self.allocs)
-        self.allocs[a] = Alloc(self.generation, bytearray(extent))
+        self.allocs[a] = Alloc(self.generation, extent)
         return a
 
     def free(self, a: int) -> Reject | Fail | None:
@@ -201,40 +225,56 @@ class ReferenceModel:
     def host_to_device(
         self, src: range, a: int, offset: int, sync: bool, fails: bool, release: bool = True
     ) -> int | Reject | Fail:
-        if rejected := self._use_rejection(a):
-            return rejected
-        if not self._in_one_reservation(src) or set(src) & self._pending("copy_out"):
-            return Reject("RangeError", "RING-3")
-        if set(src) & self.failed:
-            return Reject("OutputNotReadyError", "D2H-3")
-        if sync and fails:
+        self.armed = self.ran = False
+        while True:  # a synchronous call checks again after running what it must follow
+            if rejected := self._use_rejection(a):
+                return rejected
+            if not self._in_one_reservation(src) or set(src) & self._pending("copy_out"):
+                return Reject("RangeError", "RING-3")
+            if set(src) & self.failed:
+                return Reject("OutputNotReadyError", "D2H-3")
+            use = Use("copy_in", [a], self.generation, src, offset, fails and not self.ran, release)
+            if not (sync and self._run_before(use)):
+                break
+        if sync and use.fails:
+            self.armed = True
             return Fail("DeviceCopyError", "COPY-F")  # the host bytes stay unreleased for a retry
-        return self._begin(Use("copy_in", [a], self.generation, src, offset, fails, release), sync)
+        return self._begin(use, sync)
 
     def device_to_host(self, a: int, offset: int, dst: range, sync: bool, fails: bool) -> int | Reject | Fail:
-        if rejected := self._use_rejection(a):
-            return rejected
-        if not self._in_one_reservation(dst) or set(dst) & (self._pending("copy_in") | self._pending("copy_out")):
-            return Reject("RangeError", "RING-3")
-        if sync and fails:
+        self.armed = self.ran = False
+        while True:
+            if rejected := self._use_rejection(a):
+                return rejected
+            if not self._in_one_reservation(dst) or set(dst) & (self._pending("copy_in") | self._pending("copy_out")):
+                return Reject("RangeError", "RING-3")
+            use = Use("copy_out", [a], self.generation, dst, offset, fails and not self.ran)
+            if not (sync and self._run_before(use)):
+                break
+        if sync and use.fails:
+            self.armed = True
             self.failed |= set(dst)
             return Fail("OutputCopyError", "COPY-F")
         self.failed -= set(dst)
-        return self._begin(Use("copy_out", [a], self.generation, dst, offset, fails), sync)
+        return self._begin(use, sync)
 
     def compute(self, allocs: list[int], fails: bool) -> int | Reject:
+        self.armed = self.ran = False
         unique = list(dict.fromkeys(allocs))
-        for a in unique:
-            if rejected := self._use_rejection(a):
-                return rejected
-        return self._begin(Use("compute", unique, self.generation, fails=fails), sync=False)
+        while True:
+            for a in unique:
+                if rejected := self._use_rejection(a):
+                    return rejected
+            use = Use("compute", unique, self.generation, fails=fails)
+            if not self._run_before(use):
+                return self._begin(use, sync=False)
 
     def wrap(self, a: int, offset: int, nbytes: int) -> int | Reject:
         """A view of `nbytes` at `offset`: the id of its tensor. Checked as the bridge does: the
         allocation's lifecycle, then the extent, then the alignment (both VIEW-2)."""
         if rejected := self._use_rejection(a):
             return rejected
-        if offset + nbytes > len(self.allocs[a].data) or offset % VIEW_ALIGNMENT:
+        if offset + nbytes > self.allocs[a].extent or offset % VIEW_ALIGNMENT:
             return Reject("InvalidViewError", "VIEW-2")
         u = self._begin(Use("view", [a], self.generation), sync=False)
         return self._tensor(u)
@@ -289,18 +329,19 @@ class ReferenceModel:
     def finish(self, u: int, failed: bool = False) -> tuple[str, str] | None:
         """The backend finished use `u`; returns the (error, rule) its event reports, or None."""
         use = self.uses.pop(u)
-        failed = failed or use.fails
+        failed = failed or use.fails or not use.submitted  # a held use never ran: aborted
         aborted = use.generation != self.generation
         alloc = self.allocs[use.allocs[0]]
-        if use.kind == "copy_in" and not failed:
+        if use.kind == "copy_in":
             assert use.host is not None
-            alloc.data[use.device_offset : use.device_offset + len(use.host)] = self.read_host(use.host)
-            if not aborted and use.release:
+            if failed:  # a failed write never happened
+                alloc.writes = [w for w in alloc.writes if w[0] != u]
+            elif not aborted and use.release:
                 self.unreleased -= set(use.host) - self._pending("copy_in")
         if use.kind == "copy_out":
             assert use.host is not None
             if not failed:  # an aborted copy still moved its bytes; they are just not valid
-                data = alloc.data[use.device_offset : use.device_offset + len(use.host)]
+                data = self._bytes_before(use.allocs[0], u)[use.device_offset : use.device_offset + len(use.host)]
                 for b, v in zip(use.host, data, strict=True):
                     self.memory[b % self.capacity] = v
             if failed or aborted:
@@ -309,19 +350,105 @@ class ReferenceModel:
             self.allocs[a].uses.discard(u)
             if self._release_if_done(a):
                 self.unreported += 1
+        outcome: tuple[str, str] | None = None
         if aborted:
-            return ("StaleHandleError", "GEN-1")
-        if failed:
+            outcome = ("StaleHandleError", "GEN-1")
+        elif failed:
             error = {"copy_in": "DeviceCopyError", "copy_out": "OutputCopyError"}.get(use.kind, "ComputeError")
-            return (error, "COMPUTE-F" if use.kind == "compute" else "COPY-F")
-        return None
+            outcome = (error, "COMPUTE-F" if use.kind == "compute" else "COPY-F")
+        self.outcomes[u] = outcome
+        self._launch()
+        return outcome
+
+    # ------------------------------------------------------------ ordering (ORDER-1)
+
+    def _conflict(self, earlier: Use, later: Use) -> bool:
+        """Overlapping bytes of one allocation, one of the two writing; never two computes."""
+        if "view" in (earlier.kind, later.kind) or earlier.kind == later.kind == "compute":
+            return False
+        if not (WRITES[earlier.kind] or WRITES[later.kind]) or not set(earlier.allocs) & set(later.allocs):
+            return False
+        first, then = earlier.span, later.span
+        return first is None or then is None or bool(set(first) & set(then))
+
+    def _blockers(self, use: Use, before: int | None = None) -> list[int]:
+        """The uses in flight issued before `before` (default: all) that `use` must follow."""
+        return [u for u in sorted(self.uses) if (before is None or u < before) and self._conflict(self.uses[u], use)]
+
+    def _run_before(self, use: Use, before: int | None = None) -> bool:
+        """A synchronous call (or a compute) that must follow uses in flight runs one of them: the
+        oldest among those and what they follow in turn (it follows nothing, so it is submitted),
+        as the fake's `wait` does. Whether it ran one; the call is then checked again (`ran`)."""
+        if not (blockers := self._blockers(use, before)):
+            return False
+        chain, todo = set(blockers), list(blockers)
+        while todo:
+            v = todo.pop()
+            for w in self._blockers(self.uses[v], before=v):
+                if w not in chain:
+                    chain.add(w)
+                    todo.append(w)
+        oldest = min(chain)
+        assert self.uses[oldest].submitted, "the oldest of a chain follows nothing"
+        self.ran = True
+        self.finish(oldest)
+        return True
+
+    def _run_before_use(self, u: int) -> None:
+        """event.wait() on use `u` in flight: run the oldest of its chain (itself, once submitted)."""
+        use = self.uses[u]
+        if use.submitted:
+            self.finish(u)
+        else:
+            self._run_before(replace(use, fails=False), before=u)
+
+    def _launch(self) -> None:
+        """Held uses that follow nothing in flight any more are submitted, oldest first; one of
+        an ended generation is aborted instead (which may free others in turn)."""
+        for u in sorted(self.uses):
+            use = self.uses.get(u)
+            if use is None or use.submitted or self._blockers(use, before=u):
+                continue
+            if use.generation != self.generation:
+                self.finish(u, failed=True)
+            else:
+                use.submitted = True
+
+    def _bytes_before(self, a: int, t: float) -> bytearray:
+        """The allocation's bytes as a synchronous run leaves them for a use issued at `t`: every
+        earlier write that did not fail, in issue order."""
+        alloc = self.allocs[a]
+        data = bytearray(alloc.extent)
+        for u, offset, chunk in alloc.writes:
+            if u < t:
+                data[offset : offset + len(chunk)] = chunk
+        return data
+
+    def device_bytes(self, a: int) -> bytes:
+        """What the device holds now: each byte as left by the writes issued before the oldest
+        write still in flight on it (they ran in issue order; that one has not)."""
+        alloc = self.allocs[a]
+        inflight = [(u, self.uses[u].span) for u in sorted(alloc.uses) if self.uses[u].kind == "copy_in"]
+        out = bytearray(alloc.extent)
+        for b in range(alloc.extent):
+            t = next((u for u, span in inflight if span is not None and b in span), float("inf"))
+            out[b] = self._bytes_before(a, t)[b]
+        return bytes(out)
 
     # ------------------------------------------------------------ mechanics
 
     def _begin(self, use: Use, sync: bool) -> int:
+        """Issue a use (a synchronous one or a compute follows nothing in flight by now); an
+        asynchronous one that must follow uses in flight is held back, and takes no fault."""
+        use.submitted = not self._blockers(use)
+        use.fails = use.fails and use.submitted
+        self.armed = use.fails
         u = self.next_use
         self.next_use += 1
         self.uses[u] = use
+        if use.kind == "copy_in":
+            assert use.host is not None
+            self.allocs[use.allocs[0]].writes.append((u, use.device_offset, self.read_host(use.host)))
         for a in use.allocs:
             self.allocs[a].uses.add(u)
             self.allocs[a].used = True

@@ -8,7 +8,9 @@ frozen dataclasses and refuses a spec that is incomplete or unsound:
   transitions; only the last may be unguarded) covering every guard valuation;
 * every state is reachable from the initial state, and every state reaches a
   terminal one;
-* every transition keeps the state's `where` invariant on the use counters.
+* every transition keeps the state's `where` invariant on the use counters;
+* the ordering data (accesses, hazards, device-ordered pairs) names only
+  known uses, access extents and access modes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ ACTIONS = frozenset({"release_memory"})
 #: Counter predicates a state's `where` may use.
 PREDICATES = frozenset({"zero", "positive", "any"})
 COUNTERS = ("copies", "computes")
+#: How much of an allocation a use reads or writes (ORDER-1): its device range, or all of it.
+EXTENTS = frozenset({"range", "whole"})
+MODES = ("reads", "writes")
 #: Small counter values suffice for the invariant check: guards only tell 0, 1 and >1 apart.
 _COUNT_RANGE = range(0, 4)
 
@@ -97,6 +102,30 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Access:
+    """What one kind of use does to device bytes: reads/writes are None, "range" or "whole"."""
+
+    use: str
+    reads: str | None
+    writes: str | None
+    doc: str
+
+    def does(self, mode: str) -> bool:
+        return (self.reads if mode == "reads" else self.writes) is not None
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """A later use must follow an earlier one in flight when `earlier` and `later` (reads or
+    writes) touch an overlapping byte."""
+
+    name: str
+    earlier: str
+    later: str
+    doc: str
+
+
+@dataclass(frozen=True)
 class Invariant:
     id: str
     text: str
@@ -112,6 +141,18 @@ class Lifecycle:
     rejections: tuple[Rejection, ...]
     rules: Mapping[str, Rule]
     invariants: Mapping[str, Invariant]
+    accesses: Mapping[str, Access]
+    hazards: tuple[Hazard, ...]
+    device_ordered: frozenset[tuple[str, str]]
+    ordering_doc: str
+
+    def hazard(self, earlier: str, later: str) -> str | None:
+        """The hazard that makes a use of kind `later` follow an overlapping one of kind
+        `earlier` still in flight (RAW, WAR, WAW), or None when they need no edge."""
+        if (earlier, later) in self.device_ordered:
+            return None
+        first, then = self.accesses[earlier], self.accesses[later]
+        return next((h.name for h in self.hazards if first.does(h.earlier) and then.does(h.later)), None)
 
     def outcomes(self, state: str, event: str) -> tuple[Outcome, ...]:
         """The candidates for (state, event) in the order they are tried: rejections first."""
@@ -190,7 +231,14 @@ def parse(data: Mapping[str, Any]) -> Lifecycle:
             seed = tuple(" ".join(b.split()) for b in _as_list(r["seed"]))
             rules[r["id"]] = Rule(r["id"], r["section"], r["text"], r.get("error"), seed)
         invariants = {i["id"]: Invariant(i["id"], i["text"]) for i in data["invariants"]}
-        lifecycle = Lifecycle(data["initial"], states, events, guards, transitions, rejections, rules, invariants)
+        accesses = {a["use"]: Access(a["use"], a.get("reads"), a.get("writes"), a["doc"]) for a in data["accesses"]}
+        hazards = tuple(Hazard(h["name"], h["earlier"], h["later"], h["doc"]) for h in data["hazards"])
+        ordering = data["ordering"]
+        device_ordered = frozenset((a, b) for a, b in ordering["device_ordered"])
+        lifecycle = Lifecycle(
+            data["initial"], states, events, guards, transitions, rejections, rules, invariants,
+            accesses, hazards, device_ordered, ordering["doc"],
+        )  # fmt: skip
     except KeyError as missing:
         raise SpecError(f"spec entry lacks the key {missing}") from None
     validate(lifecycle)
@@ -204,6 +252,7 @@ def validate(lc: Lifecycle) -> None:
         _check_pair(lc, state, event)
     _check_graph(lc)
     _check_invariants(lc)
+    _check_ordering(lc)
 
 
 def _check_names(lc: Lifecycle) -> None:
@@ -286,6 +335,18 @@ def _check_invariants(lc: Lifecycle) -> None:
                     f"{state} --{event}--> {taken.dest} breaks the counters' invariant "
                     f"(copies={copies}, computes={computes} -> {after})"
                 )
+
+
+def _check_ordering(lc: Lifecycle) -> None:
+    for a in lc.accesses.values():
+        if any(extent not in EXTENTS for extent in (a.reads, a.writes) if extent is not None):
+            raise SpecError(f"access of {a.use}: reads and writes must be one of {sorted(EXTENTS)}")
+    for h in lc.hazards:
+        if h.earlier not in MODES or h.later not in MODES:
+            raise SpecError(f"hazard {h.name}: earlier and later must be one of {MODES}")
+    for pair in lc.device_ordered:
+        if len(pair) != 2 or any(use not in lc.accesses for use in pair):
+            raise SpecError(f"device_ordered pair {pair} names a use with no access entry")
 
 
 def load(path: Path | str | None = None) -> Lifecycle:

@@ -6,12 +6,18 @@ Bridge asks it whether a call is allowed (`check`), tells it what happened
 returns (backend frees, host-ring releases). Each allocation's state is a
 plain string advanced through the compiled spec table. Not thread-safe: the
 Bridge serialises calls.
+
+Ordering (ORDER-1): every use that reads or writes device bytes is listed on
+the allocations it touches; a new use follows each earlier one in flight it
+conflicts with (a hazard of the spec's table over overlapping bytes). A use
+with predecessors is held back (`InFlight.after`); `end` reports the held
+uses its end made ready, in issue order, for the Bridge to submit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
@@ -41,6 +47,7 @@ class Allocation:
     handle: object = None  # the handle the Bridge issued for it; opaque here
     copies: int = 0
     computes: int = 0
+    accesses: list[InFlight] = field(default_factory=list)  # uses in flight that read or write its bytes
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +60,13 @@ class InFlight:
     host: Any  # the HostRange a copy reads or writes; None for compute and views
     generation: int
     keep_host: bool = False  # an input copy whose host bytes the worker releases itself
+    span: tuple[int, int] | None = None  # the device bytes [start, stop) a copy touches; None: all
+    after: set[int] = field(default_factory=set)  # earlier uses in flight it follows: held while any
+    followers: list[InFlight] = field(default_factory=list)  # later uses that follow it
+
+    @property
+    def held(self) -> bool:
+        return bool(self.after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +77,15 @@ class Effects:
     copy the bridge releases the bytes (unless the worker keeps them), for an
     output copy they are valid.
     `error_rule` is set when the use failed (COPY-F, COMPUTE-F) or was
-    aborted by a restart (GEN-1).
+    aborted by a restart (GEN-1). `ready` are held uses that followed only
+    this one, in issue order: the Bridge submits them now (ORDER-1).
     """
 
     release: tuple[Allocation, ...]
     use: InFlight
     host_ok: bool
     error_rule: str | None
+    ready: tuple[InFlight, ...] = ()
 
 
 class LifecycleCore:
@@ -82,6 +98,9 @@ class LifecycleCore:
             r.id: ERRORS[r.error or "BridgeError"] for r in self._spec.rules.values()
         }
         self._deltas = {e.name: (e.counter, e.delta) for e in self._spec.events.values()}
+        #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
+        self._hazards = {(a, b): self._spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
+        self._accesses = frozenset(k for k in USE_EVENTS if any(self._hazards[(k, b)] for b in USE_EVENTS))
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
@@ -117,9 +136,41 @@ class LifecycleCore:
     def inflight(self) -> Iterable[InFlight]:
         return self._inflight.values()
 
+    def use(self, use_id: int) -> InFlight | None:
+        return self._inflight.get(use_id)
+
     def dependents(self, alloc_id: int) -> list[InFlight]:
         """The uses in flight that the allocation's memory must outlive."""
         return [u for u in self._inflight.values() if alloc_id in u.allocations]
+
+    def hazard(self, earlier: str, later: str) -> str | None:
+        """The spec's hazard between two kinds of use (None: no edge needed)."""
+        return self._hazards[(earlier, later)]
+
+    def conflicts(
+        self, kind: str, handles: Iterable[tuple[int, int]], span: tuple[int, int] | None = None
+    ) -> list[InFlight]:
+        """The uses in flight that a new use of `kind` touching `span` (None: all) of each
+        allocation must follow (ORDER-1), oldest first. Changes nothing."""
+        found: dict[int, InFlight] = {}
+        for alloc_id, _ in handles:
+            record = self._allocations.get(alloc_id)
+            for use in record.accesses if record is not None else ():
+                if self._hazards[(use.kind, kind)] and _overlap(use.span, span):
+                    found[use.id] = use
+        return [found[k] for k in sorted(found)]
+
+    def closure(self, uses: Sequence[InFlight]) -> list[InFlight]:
+        """`uses` and every use in flight they follow, directly or not, oldest first. The oldest
+        has no predecessor in flight, so it is not held: waiting for it always makes progress."""
+        seen = {u.id: u for u in uses}
+        todo = list(uses)
+        while todo:
+            for before in todo.pop().after:
+                if before not in seen and (use := self._inflight.get(before)) is not None:
+                    seen[before] = use
+                    todo.append(use)
+        return [seen[k] for k in sorted(seen)]
 
     # ------------------------------------------------------------ decisions
 
@@ -145,16 +196,29 @@ class LifecycleCore:
         return record
 
     def begin(
-        self, kind: str, handles: Iterable[tuple[int, int]], host: Any = None, keep_host: bool = False
+        self,
+        kind: str,
+        handles: Iterable[tuple[int, int]],
+        host: Any = None,
+        keep_host: bool = False,
+        span: tuple[int, int] | None = None,
     ) -> InFlight:
-        """Record a use of each distinct handle, all or nothing."""
+        """Record a use of each distinct handle, all or nothing. It follows every earlier use in
+        flight it conflicts with (ORDER-1): while `held`, the Bridge must not submit it."""
         unique = tuple(dict.fromkeys(handles))
         event = USE_EVENTS[kind][0]
         if len(unique) > 1:  # all or nothing; one handle's fire() checks before it changes anything
             self.check(unique, event)
+        before = self.conflicts(kind, unique, span) if kind in self._accesses else []
         for alloc_id, generation in unique:
             self.fire(alloc_id, generation, event)
-        use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation, keep_host)
+        use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation, keep_host, span)
+        for earlier in before:
+            use.after.add(earlier.id)
+            earlier.followers.append(use)
+        if kind in self._accesses:
+            for alloc_id in use.allocations:
+                self._allocations[alloc_id].accesses.append(use)
         self._inflight[use.id] = use
         self._next_use += 1
         return use
@@ -165,10 +229,19 @@ class LifecycleCore:
         if use is None:
             raise LifecycleError("EVENT-1", f"use #{use_id} is not in flight")
         event = USE_EVENTS[use.kind][1]
+        if use.kind in self._accesses:
+            for alloc_id in use.allocations:
+                if (record := self._allocations.get(alloc_id)) is not None:
+                    record.accesses.remove(use)
+        ready = []
+        for follower in use.followers:  # in issue order
+            follower.after.discard(use.id)
+            if not follower.after and follower.id in self._inflight:
+                ready.append(follower)
         release = tuple(r for a in use.allocations if (r := self.fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation
         error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
-        return Effects(release, use, ok and not aborted and not use.keep_host, error)
+        return Effects(release, use, ok and not aborted and not use.keep_host, error, tuple(ready))
 
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
         """free_device: the record to release now, or None when the free is deferred."""
@@ -211,3 +284,8 @@ class LifecycleCore:
         if step.dest in self._table.terminal:
             del self._allocations[alloc_id]
         return record if step.release else None
+
+
+def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Whether two device spans share a byte (None: the whole allocation)."""
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])

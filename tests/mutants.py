@@ -15,7 +15,7 @@ from unittest import mock
 from devbridge import Bridge, DeviceRange, HostRing, RangeError
 from devbridge.backends.base import OK
 from devbridge.backends.fake import FakeBackend
-from devbridge.spec import guard_values
+from devbridge.spec import Lifecycle, guard_values
 from devbridge.statemachine.core import Effects, InFlight, LifecycleCore
 from devbridge.statemachine.machine import Step, Table
 
@@ -144,10 +144,10 @@ def view_does_not_pin() -> Iterator[None]:
     """A tinygrad view is not counted as a compute use of its allocation."""
     original = LifecycleCore.begin
 
-    def begin(self: LifecycleCore, kind: str, handles: Any, host: Any = None, keep_host: bool = False) -> InFlight:
+    def begin(self: LifecycleCore, kind: str, handles: Any, *args: Any, **kwargs: Any) -> InFlight:
         if kind != "view":
-            return original(self, kind, handles, host, keep_host)
-        use = InFlight(self._next_use, kind, (), host, self.generation)
+            return original(self, kind, handles, *args, **kwargs)
+        use = InFlight(self._next_use, kind, (), None, self.generation)
         self._inflight[use.id] = use
         self._next_use += 1
         return use
@@ -207,3 +207,35 @@ def last_copy_guard_wrong() -> Iterator[None]:
 
     with mock.patch.object(Table, "lookup", lookup):
         yield
+
+
+def _without_hazard(name: str) -> Iterator[None]:
+    """The spec's hazard table loses every edge of one kind (as the core compiles it)."""
+    original = Lifecycle.hazard
+
+    def hazard(self: Lifecycle, earlier: str, later: str) -> str | None:
+        found = original(self, earlier, later)
+        return None if found == name else found
+
+    with mock.patch.object(Lifecycle, "hazard", hazard):
+        yield
+
+
+@mutant
+def missing_raw_edge() -> Iterator[None]:
+    """A read does not follow the write in flight before it: a device_to_host (or compute) issued
+    after an asynchronous host_to_device of the same bytes may run first and see the old bytes."""
+    yield from _without_hazard("RAW")
+
+
+@mutant
+def missing_war_edge() -> Iterator[None]:
+    """A write does not follow the read in flight before it: an asynchronous host_to_device may
+    overwrite bytes an earlier device_to_host has not read yet."""
+    yield from _without_hazard("WAR")
+
+
+@mutant
+def missing_waw_edge() -> Iterator[None]:
+    """Two writes of the same bytes are not ordered: the earlier may land last."""
+    yield from _without_hazard("WAW")

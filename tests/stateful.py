@@ -318,24 +318,35 @@ class BridgeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ completions
 
-    @precondition(lambda self: self.s.pending)
+    @precondition(lambda self: self.s.submitted())
     @rule(i=index, failed=fault)
     def complete(self, i: int, failed: bool) -> None:
-        self.s.complete(sorted(self.s.pending)[i % len(self.s.pending)], failed)
+        """The backend completes (or fails) any submitted event, in any order; held-back ones
+        are submitted by the bridge when the last use they follow ends (ORDER-1)."""
+        submitted = self.s.submitted()
+        self.s.complete(submitted[i % len(submitted)], failed)
 
-    @precondition(lambda self: self.s.pending)
+    @precondition(lambda self: self.s.submitted())
     @rule(i=index, via_poll=st.booleans())
     def query_fails(self, i: int, via_poll: bool) -> None:
-        """The backend's query of a pending event fails: the event fails (or is aborted). Through
-        event.done() on any pending event, or through poll(), which queries the oldest first."""
-        pending = sorted(self.s.pending)
-        self.s.query_fails(pending[0] if via_poll else pending[i % len(pending)], via_poll)
+        """The backend's query of a submitted event fails: the event fails (or is aborted). Through
+        event.done() on any of them, or through poll(), which queries the oldest first."""
+        submitted = self.s.submitted()
+        self.s.query_fails(submitted[0] if via_poll else submitted[i % len(submitted)], via_poll)
+
+    @precondition(lambda self: self.s.submitted())
+    @rule(i=index)
+    def wait_fails(self, i: int) -> None:
+        """The backend's wait on a submitted event fails: wait raises the event's error."""
+        submitted = self.s.submitted()
+        self.s.wait_fails(submitted[i % len(submitted)])
 
     @precondition(lambda self: self.s.pending)
     @rule(i=index)
-    def wait_fails(self, i: int) -> None:
-        """The backend's wait on a pending event fails: wait raises the event's error."""
-        self.s.wait_fails(sorted(self.s.pending)[i % len(self.s.pending)])
+    def wait_runs_the_chain(self, i: int) -> None:
+        """wait() on any pending event, held back or not: the fake's wait runs the work waited
+        for, oldest first, so every use it follows ends before it does (ORDER-1)."""
+        self.s.wait(sorted(self.s.pending)[i % len(self.s.pending)])
 
     @precondition(lambda self: self.s.pending)
     @rule(i=index)

@@ -118,15 +118,17 @@ def test_free_while_a_copy_is_in_flight_is_deferred_to_its_completion(
 
 @pytest.mark.holds("FREE-1")
 def test_deferred_free_waits_for_every_use(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    """Held-back copies count too: they follow the compute (ORDER-1) and the free follows them."""
     h = bridge.alloc_device(U8, 32)
+    comp = bridge.compute(h)
     c1 = bridge.host_to_device(put(ring, b"a" * 4), DeviceRange(h, 0, 4), sync=False)
     c2 = bridge.device_to_host(DeviceRange(h, 8, 4), ring.reserve(4), sync=False)
-    comp = bridge.compute(h)
-    assert bridge.state(h) == "copying_computing"
+    assert bridge.state(h) == "copying_computing" and fake.ops() == ["alloc", "compute"]
     bridge.free_device(h)
-    for ev in (c2, comp):
+    for ev in (comp, c2):
         fake.complete(ev)
         assert bridge.state(h) == "free_pending" and "free" not in fake.ops()
+    assert fake.ops() == ["alloc", "compute", "copy_in", "copy_out"]
     fake.complete(c1)
     assert bridge.state(h) == "freed" and fake.ops().count("free") == 1
 

@@ -157,6 +157,7 @@ def test_a_failed_query_settles_a_compute_and_runs_the_deferred_free(bridge: Bri
 @pytest.mark.holds("WAIT-1")
 def test_wait_blocks_until_another_thread_completes_the_event(bridge: Bridge, fake: FakeBackend) -> None:
     ring = HostRing(64)
+    fake.run_on_wait = False  # the device finishes the work on another thread
     h = bridge.alloc_device(U8, 8)
     ev = bridge.host_to_device(put(ring, b"threaded"), DeviceRange(h, 0, 8), sync=False)
     threading.Timer(0.05, fake.complete, [ev]).start()
@@ -168,6 +169,7 @@ def test_wait_blocks_until_another_thread_completes_the_event(bridge: Bridge, fa
 @pytest.mark.parametrize("timeout", [0, 0.0, 0.05])
 def test_wait_honours_its_timeout(bridge: Bridge, fake: FakeBackend, timeout: float) -> None:
     ring = HostRing(64)
+    fake.run_on_wait = False  # a device that never finishes the work by itself
     h = bridge.alloc_device(U8, 8)
     ev = bridge.host_to_device(put(ring, b"timeout!"), DeviceRange(h, 0, 8), sync=False)
     start = time.monotonic()

@@ -4,10 +4,12 @@ yields a shortest counterexample that, run as a test, fails on the bug and passe
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from mutants import MUTANTS
 
+from devbridge.backends.fake import FakeBackend
 from devbridge.cli import main
 from devbridge.models.checker import Bound, check, describe, render, replay
 
@@ -22,7 +24,7 @@ def test_default_bound_is_explored_with_no_violation_and_covers_the_spec() -> No
     report = check(Bound())
     assert report.violation is None
     assert report.coverage.missing() == []
-    assert (report.states, report.transitions, report.depth) == (12874, 76372, 6)
+    assert (report.states, report.transitions, report.depth) == (14292, 81729, 6)
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
@@ -37,6 +39,19 @@ def test_seeded_bug_yields_a_shortest_counterexample_test(name: str) -> None:
             run_source(violation.test_source)
     run_source(violation.test_source)  # the same test passes on the real implementation
     print(f"\n{name}: {describe(violation.path)}\n  {violation.error[:120]}")
+
+
+@pytest.mark.rejects("ORDER-1")
+@pytest.mark.parametrize("name", ["missing_raw_edge", "missing_war_edge", "missing_waw_edge"])
+def test_a_missing_hazard_edge_is_caught_by_the_issue_order_bytes_alone(name: str) -> None:
+    """Without the fake's own ordering check, the model's issue-order bytes still catch each
+    missing edge: the device or output bytes differ from a synchronous run's (ORDER-1)."""
+    with MUTANTS[name](), mock.patch.object(FakeBackend, "_check_order", lambda self, *a: None):
+        violation = check(Bound(depth=5)).violation
+    assert violation is not None, f"{name} not found"
+    assert violation.error.startswith("AssertionError: ") and "FakeViolation" not in violation.error
+    assert any(m in violation.error for m in ("issue order", "host bytes", "ORDER-1")), violation.error
+    print(f"\n{name}: {describe(violation.path)}\n  {violation.error[:160]}")
 
 
 def test_a_path_through_every_view_action_renders_a_runnable_test() -> None:
@@ -64,7 +79,7 @@ def test_cli_reports_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--depth", "3", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"bound: {Bound(depth=3)}" in out  # the CLI's defaults are Bound's
-    assert "distinct states: 158   transitions: 397   depth reached: 3" in out
+    assert "distinct states: 164   transitions: 397   depth reached: 3" in out
     assert "spec candidates outside this bound:" in out  # depth 3 is too shallow for all of them
 
 

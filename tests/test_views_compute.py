@@ -148,6 +148,7 @@ def test_compute_failure_surfaces_and_ends_the_use(bridge: Bridge, fake: FakeBac
 
 
 def test_wait_times_out_on_an_event_nobody_completes(bridge: Bridge, fake: FakeBackend) -> None:
+    fake.run_on_wait = False  # a device that never finishes the work by itself
     ev = bridge.compute(bridge.alloc_device(U8, 8))
     with pytest.raises(TimeoutError):
         ev.wait(timeout=0.05)
@@ -161,9 +162,9 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     assert bridge.pins(h) == {
         "state": "allocated", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0,
     }  # fmt: skip
-    up = bridge.host_to_device(put(ring, b"pinned!!"), DeviceRange(h, 0, 8), sync=False)
-    down = bridge.device_to_host(DeviceRange(h, 16, 8), ring.reserve(8), sync=False)
     ev = bridge.compute(h)
+    up = bridge.host_to_device(put(ring, b"pinned!!"), DeviceRange(h, 0, 8), sync=False)  # held: ORDER-1
+    down = bridge.device_to_host(DeviceRange(h, 16, 8), ring.reserve(8), sync=False)
     view = bridge.wrap_for_tinygrad(h, TensorViewSpec((2, 2), "uint8", offset=16))
     derived = view.reshape(4)
     del view
@@ -173,7 +174,7 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     }  # fmt: skip
     assert pins["waiting_s"] == 0.0
     bridge.free_device(h)
-    for event in (up, down, ev):
+    for event in (ev, up, down):
         fake.complete(event)
     pins = bridge.pins(h)
     assert (pins["state"], pins["views"], pins["computes"]) == ("free_pending", 1, 0)
