@@ -46,6 +46,12 @@ class NullBackend:
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         raise NotImplementedError
 
+    def view_anchor(self, view: Any) -> object:
+        raise NotImplementedError
+
+    def view_alignment(self, dtype: str) -> int:
+        return 16
+
     def query(self, token: object) -> Status:
         return OK
 

@@ -33,7 +33,7 @@ import weakref
 from collections import Counter, deque
 from typing import TYPE_CHECKING
 
-from devbridge.backends.base import OK, Backend, BackendError, Status
+from devbridge.backends.base import Backend, BackendError, Status
 from devbridge.errors import (
     BackendFailureError,
     BridgeError,
@@ -170,11 +170,15 @@ class Bridge:
                         except BackendError as e:
                             self._counts["copy_failures"] += 1
                             raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
-                    use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span)
-                    src.ring.begin_read(src)
                     self._counts["copies_in"] += 1
                     self._counts["bytes_in"] += src.nbytes
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+                    if sync:  # done already: one composite step, nothing in flight (H2D-2)
+                        use_id = self._core.instant("copy_in", key)
+                        src.ring.read_done(src, release)
+                        return self._done(CopyEvent(self, use_id, token, src, dst))
+                    use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span, before=before)
+                    src.ring.begin_read(src)
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst))
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -198,11 +202,15 @@ class Bridge:
                             dst.ring.begin_write(dst)
                             dst.ring.end_write(dst, valid=False)
                             raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
-                    use = self._core.begin("copy_out", [key], host=dst, span=span)
-                    dst.ring.begin_write(dst)
                     self._counts["copies_out"] += 1
                     self._counts["bytes_out"] += dst.nbytes
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst), sync)
+                    if sync:  # done already: the output is valid (D2H-2)
+                        use_id = self._core.instant("copy_out", key)
+                        dst.ring.write_done(dst)
+                        return self._done(CopyEvent(self, use_id, token, src, dst))
+                    use = self._core.begin("copy_out", [key], host=dst, span=span, before=before)
+                    dst.ring.begin_write(dst)
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst))
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -225,7 +233,7 @@ class Bridge:
                     except BackendError as e:
                         self._counts["compute_failures"] += 1
                         raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
-                    use = self._core.begin("compute", keys)
+                    use = self._core.begin("compute", keys, before=before)
                     self._counts["computes"] += 1
                     event = ComputeEvent(self, use.id, token, tuple(handles))
                     self._track(event)
@@ -403,16 +411,20 @@ class Bridge:
         assert record is not None, "the core refuses dead allocations"
         return key, record
 
-    def _submitted(self, event: CopyEvent, sync: bool) -> CopyEvent:
+    def _submitted(self, event: CopyEvent) -> CopyEvent:
+        """An asynchronous copy: tracked until done; finished at once if the backend already is."""
         self._track(event)
         if event.backend_token is None:  # held back: launched when its predecessors end
             self._counts["held"] += 1
             return event
-        status = OK if sync else self._query(event)  # a synchronous copy is done on return
+        status = self._query(event)
         if status.done:
             self._finish(event, status)
-            if sync and event._error is not None:
-                raise event._error  # a synchronous copy reports its failure from the call
+        return event
+
+    @staticmethod
+    def _done(event: CopyEvent) -> CopyEvent:
+        event._settle(None)
         return event
 
     def _track(self, event: Event) -> None:
@@ -551,13 +563,15 @@ class Bridge:
             effects = self._core.end(event.use_id, ok=status.error is None)
             self._apply(effects)
             error = self._error(effects, status)
-            self._launchable.extend(effects.ready)
+            if effects.ready:
+                self._launchable.extend(effects.ready)
         except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
             error = e
             raise
         finally:
             event._settle(error)
-        self._launch_ready()
+        if self._launchable:
+            self._launch_ready()
 
     def _apply(self, effects: Effects) -> None:
         use = effects.use

@@ -169,18 +169,32 @@ class HostRing:
         pending input copies still read (they go when the last of those succeeds)."""
         with self._lock:
             self._reads.remove((r.start, r.end))
-            if not release:
-                return
-            pieces = [(r.start, r.end)]
-            for span in self._reads:
-                pieces = _minus(pieces, span)
-            for s, e in pieces:
-                self._cut(HostRange._made(self, s, e - s))
+            if release:
+                self._release_read(r)
+
+    def read_done(self, r: HostRange, release: bool) -> None:
+        """A synchronous input copy read `r` (begin_read and end_read in one)."""
+        if release:
+            with self._lock:
+                self._release_read(r)
+
+    def _release_read(self, r: HostRange) -> None:
+        pieces = [(r.start, r.end)]
+        for span in self._reads:
+            pieces = _minus(pieces, span)
+        for s, e in pieces:
+            self._cut(HostRange._made(self, s, e - s))
 
     def begin_write(self, r: HostRange) -> None:
         with self._lock:
             self._writes.append((r.start, r.end))
             self._failed = _minus(self._failed, (r.start, r.end))
+
+    def write_done(self, r: HostRange) -> None:
+        """A synchronous output copy wrote `r`: its bytes are valid (begin_write and end_write in one)."""
+        with self._lock:
+            if self._failed:
+                self._failed = _minus(self._failed, (r.start, r.end))
 
     def end_write(self, r: HostRange, valid: bool) -> None:
         with self._lock:

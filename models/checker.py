@@ -79,13 +79,15 @@ class Report:
         hit = self.coverage.hits
         t = [c for c in candidates if c[3].rule is None]
         r = [c for c in candidates if c[3].rule is not None]
+        edges = self.coverage.hazard_edges()
         return "\n".join(
             [
                 f"bound: {self.bound}",
                 f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
                 f"time: {self.seconds:.1f} s   states/s: {rate:.0f}",
                 f"spec transitions covered: {sum((s, e, i) in hit for s, e, i, _ in t)}/{len(t)}   "
-                f"rejections covered: {sum((s, e, i) in hit for s, e, i, _ in r)}/{len(r)}",
+                f"rejections covered: {sum((s, e, i) in hit for s, e, i, _ in r)}/{len(r)}   "
+                f"hazard edges covered: {len(edges) - len(self.coverage.missing_edges())}/{len(edges)}",
                 "violations: "
                 + ("none" if self.violation is None else f"1 (shortest: {len(self.violation.path)} steps)"),
             ]
@@ -243,8 +245,8 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
 # ------------------------------------------------------------ search
 
 
-def replay(path: Iterable[Action], record: bool = False, observer: Any = None) -> Lockstep:
-    s = Lockstep(RING, observer=observer, record=record)
+def replay(path: Iterable[Action], record: bool = False, observer: Any = None, edges: Any = None) -> Lockstep:
+    s = Lockstep(RING, observer=observer, record=record, edges=edges)
     for action in path:
         apply(s, action)
     return s
@@ -269,7 +271,7 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
                 report.transitions += 1
                 new_path = (*path, action)
                 try:
-                    s = replay(path, observer=report.coverage.record)
+                    s = replay(path, observer=report.coverage.record, edges=report.coverage.record_edge)
                     apply(s, action)
                     s.check()
                 except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash

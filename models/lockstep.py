@@ -21,13 +21,14 @@ model's predictions, to `script`: a failing sequence becomes a runnable test.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
-from devbridge.events import Event
+from devbridge.events import ComputeEvent, Event
 from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Reject
 from devbridge.ring import HostRing
 from devbridge.statemachine.core import USE_EVENTS
@@ -60,14 +61,23 @@ SCRIPT_HEADER = [
 
 class Lockstep:
     def __init__(
-        self, ring_capacity: int, observer: Callable[[str, str, Step], None] | None = None, record: bool = False
+        self,
+        ring_capacity: int,
+        observer: Callable[[str, str, Step], None] | None = None,
+        record: bool = False,
+        edges: Callable[[str, str, str], None] | None = None,
+        refusals: Counter[str] | None = None,
     ) -> None:
+        """`observer` sees every spec step, `edges` every hazard edge the core finds (earlier
+        kind, later kind, hazard), `refusals` counts the rules of the refusals the model predicts."""
         self.record = record
         self.fake = FakeBackend()
         self.bridge = Bridge(self.fake)
         self.ring = HostRing(ring_capacity)
         self.model = ReferenceModel(ring_capacity)
         self.bridge._core.observer = observer
+        self.bridge._core.edge_observer = edges
+        self.refusals: Counter[str] = refusals if refusals is not None else Counter()
         self.handles: list[DeviceHandle] = []
         self.reservations: list[HostRange] = []
         self.pending: dict[int, Event] = {}  # model use id -> bridge event, for copies and computes
@@ -99,6 +109,8 @@ class Lockstep:
     def expect(self, outcome: object, call: Callable[[], Any], code: str, unchanged: bool = True) -> Any:
         """Run `call` (whose source is `code`); a model refusal must raise its error and change nothing
         (but what a synchronous call ran before it was refused: `unchanged` is then False)."""
+        if isinstance(outcome, Reject):
+            self.refusals[outcome.rule] += 1
         if isinstance(outcome, Reject | Fail):
             self.emit(f"with pytest.raises({outcome.error}, match=r'\\[{outcome.rule}\\]'):", f"    {code}")
             before = self.snapshot() if isinstance(outcome, Reject) and unchanged else None
@@ -310,7 +322,8 @@ class Lockstep:
             else:
                 self.track(outcome, event)
 
-    def compute(self, handles: list[DeviceHandle], fails: bool) -> None:
+    def compute(self, handles: list[DeviceHandle], fails: bool) -> int | None:
+        """bridge.compute(*handles); the model's use id of its event, if made."""
         outcome = self.model.compute([h.id for h in handles], fails)
         if self.model.armed:
             self.fake.fail_next("compute")
@@ -319,8 +332,26 @@ class Lockstep:
         if isinstance(outcome, int):
             self.emit(f"e{outcome} = {code}")
         event = self.expect(outcome, lambda: self.bridge.compute(*handles), code, unchanged=not self.model.ran)
-        if isinstance(outcome, int):
-            self.track(outcome, event)
+        if not isinstance(outcome, int):
+            return None
+        self.track(outcome, event)
+        return outcome
+
+    def open_compute(self, use: int) -> None:
+        """Enter the compute event's `with` block: until it exits, the event cannot end, and a
+        call that would wait for it is refused (ORDER-2)."""
+        event = self.pending[use]
+        assert isinstance(event, ComputeEvent)
+        self.emit(f"e{use}.__enter__()")
+        event.__enter__()
+        self.model.uses[use].open = True
+
+    def close_compute(self, use: int) -> None:
+        event = self.pending[use]
+        assert isinstance(event, ComputeEvent)
+        self.emit(f"e{use}.__exit__(None, None, None)")
+        event.__exit__(None, None, None)
+        self.model.uses[use].open = False
 
     def wrap(self, h: DeviceHandle, d_off: int, d_n: int) -> int | None:
         """A view of `d_n` bytes at `d_off` (refused past the extent or at an unaligned offset:

@@ -83,6 +83,7 @@ class Use:
     release: bool = True  # an input copy's bytes are released by the bridge (else by the worker)
     tensors: set[int] = field(default_factory=set)  # a view's live tensors: the view and those derived from it
     submitted: bool = True  # False while held back behind conflicting uses (ORDER-1)
+    open: bool = False  # a compute event inside its `with` block: it cannot end (ORDER-2)
 
     @property
     def span(self) -> range | None:
@@ -234,6 +235,8 @@ class ReferenceModel:
             if set(src) & self.failed:
                 return Reject("OutputNotReadyError", "D2H-3")
             use = Use("copy_in", [a], self.generation, src, offset, fails and not self.ran, release)
+            if sync and (refused := self._refused_wait(use)):
+                return refused
             if not (sync and self._run_before(use)):
                 break
         if sync and use.fails:
@@ -249,6 +252,8 @@ class ReferenceModel:
             if not self._in_one_reservation(dst) or set(dst) & (self._pending("copy_in") | self._pending("copy_out")):
                 return Reject("RangeError", "RING-3")
             use = Use("copy_out", [a], self.generation, dst, offset, fails and not self.ran)
+            if sync and (refused := self._refused_wait(use)):
+                return refused
             if not (sync and self._run_before(use)):
                 break
         if sync and use.fails:
@@ -266,6 +271,8 @@ class ReferenceModel:
                 if rejected := self._use_rejection(a):
                     return rejected
             use = Use("compute", unique, self.generation, fails=fails)
+            if refused := self._refused_wait(use):
+                return refused
             if not self._run_before(use):
                 return self._begin(use, sync=False)
 
@@ -379,20 +386,31 @@ class ReferenceModel:
         """A synchronous call (or a compute) that must follow uses in flight runs one of them: the
         oldest among those and what they follow in turn (it follows nothing, so it is submitted),
         as the fake's `wait` does. Whether it ran one; the call is then checked again (`ran`)."""
-        if not (blockers := self._blockers(use, before)):
+        if not (chain := self._chain(use, before)):
             return False
-        chain, todo = set(blockers), list(blockers)
+        oldest = min(chain)
+        assert self.uses[oldest].submitted, "the oldest of a chain follows nothing"
+        self.ran = True
+        self.finish(oldest)
+        return True
+
+    def _chain(self, use: Use, before: int | None = None) -> set[int]:
+        """The uses in flight `use` must follow, and those they follow in turn."""
+        chain = set(self._blockers(use, before))
+        todo = list(chain)
         while todo:
             v = todo.pop()
             for w in self._blockers(self.uses[v], before=v):
                 if w not in chain:
                     chain.add(w)
                     todo.append(w)
-        oldest = min(chain)
-        assert self.uses[oldest].submitted, "the oldest of a chain follows nothing"
-        self.ran = True
-        self.finish(oldest)
-        return True
+        return chain
+
+    def _refused_wait(self, use: Use) -> Reject | None:
+        """ORDER-2: a call that would wait for an open compute event (directly or not) is refused."""
+        if any(self.uses[v].open for v in self._chain(use)):
+            return Reject("OrderingError", "ORDER-2")
+        return None
 
     def _run_before_use(self, u: int) -> None:
         """event.wait() on use `u` in flight: run the oldest of its chain (itself, once submitted)."""

@@ -17,7 +17,7 @@ uses its end made ready, in issue order, for the Bridge to submit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
@@ -47,7 +47,7 @@ class Allocation:
     handle: object = None  # the handle the Bridge issued for it; opaque here
     copies: int = 0
     computes: int = 0
-    accesses: list[InFlight] = field(default_factory=list)  # uses in flight that read or write its bytes
+    accesses: list[InFlight] | None = None  # uses in flight that read or write its bytes (made on first use)
 
 
 @dataclass(slots=True, eq=False)
@@ -61,8 +61,8 @@ class InFlight:
     generation: int
     keep_host: bool = False  # an input copy whose host bytes the worker releases itself
     span: tuple[int, int] | None = None  # the device bytes [start, stop) a copy touches; None: all
-    after: set[int] = field(default_factory=set)  # earlier uses in flight it follows: held while any
-    followers: list[InFlight] = field(default_factory=list)  # later uses that follow it
+    after: set[int] | None = None  # earlier uses in flight it follows: held while any (None: none, ever)
+    followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
 
     @property
     def held(self) -> bool:
@@ -101,6 +101,8 @@ class LifecycleCore:
         #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
         self._hazards = {(a, b): self._spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
         self._accesses = frozenset(k for k in USE_EVENTS if any(self._hazards[(k, b)] for b in USE_EVENTS))
+        #: (state, kind, min(copies, 2), min(computes, 2)) -> the state after a use's begin and end
+        self._instant: dict[tuple[str, str, int, int], str] = {}
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
@@ -108,6 +110,8 @@ class LifecycleCore:
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
         self.observer: Callable[[str, str, Step], None] | None = None
+        #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
+        self.edge_observer: Callable[[str, str, str], None] | None = None
 
     # ------------------------------------------------------------ queries
 
@@ -152,13 +156,18 @@ class LifecycleCore:
     ) -> list[InFlight]:
         """The uses in flight that a new use of `kind` touching `span` (None: all) of each
         allocation must follow (ORDER-1), oldest first. Changes nothing."""
-        found: dict[int, InFlight] = {}
+        found: dict[int, InFlight] | None = None
         for alloc_id, _ in handles:
             record = self._allocations.get(alloc_id)
-            for use in record.accesses if record is not None else ():
-                if self._hazards[(use.kind, kind)] and _overlap(use.span, span):
+            if record is None or not record.accesses:  # the hot path: nothing in flight touches it
+                continue
+            for use in record.accesses:
+                if (hazard := self._hazards[(use.kind, kind)]) and _overlap(use.span, span):
+                    found = found if found is not None else {}
                     found[use.id] = use
-        return [found[k] for k in sorted(found)]
+                    if self.edge_observer is not None:
+                        self.edge_observer(use.kind, kind, hazard)
+        return [found[k] for k in sorted(found)] if found else []
 
     def closure(self, uses: Sequence[InFlight]) -> list[InFlight]:
         """`uses` and every use in flight they follow, directly or not, oldest first. The oldest
@@ -166,7 +175,7 @@ class LifecycleCore:
         seen = {u.id: u for u in uses}
         todo = list(uses)
         while todo:
-            for before in todo.pop().after:
+            for before in todo.pop().after or ():
                 if before not in seen and (use := self._inflight.get(before)) is not None:
                     seen[before] = use
                     todo.append(use)
@@ -202,26 +211,65 @@ class LifecycleCore:
         host: Any = None,
         keep_host: bool = False,
         span: tuple[int, int] | None = None,
+        before: list[InFlight] | None = None,
     ) -> InFlight:
         """Record a use of each distinct handle, all or nothing. It follows every earlier use in
-        flight it conflicts with (ORDER-1): while `held`, the Bridge must not submit it."""
+        flight it conflicts with (ORDER-1; `before`, if the caller already asked `conflicts`):
+        while `held`, the Bridge must not submit it."""
         unique = tuple(dict.fromkeys(handles))
         event = USE_EVENTS[kind][0]
         if len(unique) > 1:  # all or nothing; one handle's fire() checks before it changes anything
             self.check(unique, event)
-        before = self.conflicts(kind, unique, span) if kind in self._accesses else []
+        if before is None:
+            before = self.conflicts(kind, unique, span) if kind in self._accesses else []
         for alloc_id, generation in unique:
             self.fire(alloc_id, generation, event)
         use = InFlight(self._next_use, kind, tuple(a for a, _ in unique), host, self.generation, keep_host, span)
-        for earlier in before:
-            use.after.add(earlier.id)
-            earlier.followers.append(use)
+        if before:
+            use.after = {earlier.id for earlier in before}
+            for earlier in before:
+                if earlier.followers is None:
+                    earlier.followers = []
+                earlier.followers.append(use)
         if kind in self._accesses:
             for alloc_id in use.allocations:
-                self._allocations[alloc_id].accesses.append(use)
+                record = self._allocations[alloc_id]
+                if record.accesses is None:
+                    record.accesses = []
+                record.accesses.append(use)
         self._inflight[use.id] = use
         self._next_use += 1
         return use
+
+    def instant(self, kind: str, key: tuple[int, int]) -> int:
+        """A use the backend finished before it was recorded (a synchronous copy that follows
+        nothing): its begin and its end as one step of a composite table built from the spec's
+        (the caller checked the begin). Its use id. No effects: nothing is released."""
+        use_id = self._next_use
+        self._next_use += 1
+        record = self._allocations.get(key[0])
+        if record is not None and self.observer is None:
+            c, k = min(record.copies, 2), min(record.computes, 2)
+            dest = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
+            record.state = dest
+            return use_id
+        begin, end = USE_EVENTS[kind]  # coverage tools watch each event: take them one by one
+        self.fire(key[0], key[1], begin)
+        released = self.fire(key[0], key[1], end)
+        assert released is None, "a use that ends at once never ends its allocation"
+        return use_id
+
+    def _compose(self, state: str, kind: str, copies: int, computes: int) -> str:
+        begin, end = USE_EVENTS[kind]
+        first = self._table.lookup(state, begin, copies, computes)
+        assert first.dest is not None and not first.release, (state, begin, first)
+        counter, _ = self._deltas[begin]
+        after = (copies + 1, computes) if counter == "copies" else (copies, computes + 1)
+        then = self._table.lookup(first.dest, end, *after)
+        assert then.dest is not None and not then.release and then.dest not in self._table.terminal, (then, after)
+        assert self._spec.states[then.dest].admits(copies, computes), (state, kind, then.dest)
+        self._instant[(state, kind, copies, computes)] = then.dest
+        return then.dest
 
     def end(self, use_id: int, ok: bool) -> Effects:
         """The backend is done with a use (successfully or not)."""
@@ -231,17 +279,18 @@ class LifecycleCore:
         event = USE_EVENTS[use.kind][1]
         if use.kind in self._accesses:
             for alloc_id in use.allocations:
-                if (record := self._allocations.get(alloc_id)) is not None:
+                if (record := self._allocations.get(alloc_id)) is not None and record.accesses:
                     record.accesses.remove(use)
-        ready = []
-        for follower in use.followers:  # in issue order
+        ready: list[InFlight] = []
+        for follower in use.followers or ():  # in issue order
+            assert follower.after is not None
             follower.after.discard(use.id)
             if not follower.after and follower.id in self._inflight:
                 ready.append(follower)
         release = tuple(r for a in use.allocations if (r := self.fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation
         error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
-        return Effects(release, use, ok and not aborted and not use.keep_host, error, tuple(ready))
+        return Effects(release, use, ok and not aborted and not use.keep_host, error, tuple(ready) if ready else ())
 
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
         """free_device: the record to release now, or None when the free is deferred."""

@@ -57,7 +57,7 @@ def fire_code(handle: DeviceHandle, event: str) -> str:
 class BridgeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s = Lockstep(RING, observer=COVERAGE.record)
+        self.s = Lockstep(RING, observer=COVERAGE.record, edges=COVERAGE.record_edge, refusals=COVERAGE.refusals)
 
     def teardown(self) -> None:
         self.s.tensors.clear()
@@ -242,6 +242,22 @@ class BridgeMachine(RuleBasedStateMachine):
             copy(i + j, 0, 1, h, j, sync=False, fails=False, live=True)
         for _ in range(computes):
             self.compute([h], fails=False)
+
+    @precondition(lambda self: self.s.handles and self.s.reservations)
+    @rule(h=index, other=index, i=index, off=index, n=index, dev=index, inward=st.booleans(), sync=st.booleans())
+    def copy_inside_compute_block(
+        self, h: int, other: int, i: int, off: int, n: int, dev: int, inward: bool, sync: bool
+    ) -> None:
+        """Inside `with bridge.compute(h):` a copy on any allocation: a synchronous one that would
+        have to wait for the open compute event is refused (ORDER-2) and changes nothing; an
+        asynchronous one is held back until the block exits and the compute completes."""
+        use = self.s.compute([self.handle(h)], fails=False)
+        if use is None:
+            return
+        self.s.open_compute(use)
+        copy = self.host_to_device if inward else self.device_to_host
+        copy(i, off, n, other, dev, sync=sync, fails=False, live=True)
+        self.s.close_compute(use)
 
     @precondition(lambda self: self.s.handles)
     @rule(hs=st.lists(index, min_size=1, max_size=2), fails=fault)

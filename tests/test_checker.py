@@ -23,7 +23,7 @@ def run_source(source: str) -> None:
 def test_default_bound_is_explored_with_no_violation_and_covers_the_spec() -> None:
     report = check(Bound())
     assert report.violation is None
-    assert report.coverage.missing() == []
+    assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
     assert (report.states, report.transitions, report.depth) == (14292, 81729, 6)
 
 

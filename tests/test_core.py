@@ -55,3 +55,26 @@ def test_effects_say_what_to_do_with_host_bytes() -> None:
         (False, "GEN-1"),
     ]
     assert aborted.release == (rec,) and core.state(rec.id, 0) == "stale"
+
+
+def test_a_use_that_ends_at_once_is_its_begin_then_its_end_in_every_state() -> None:
+    """core.instant (the synchronous copy's one composite step) against fire(begin), fire(end),
+    in every state that accepts a copy, with every count of uses in flight (0..3 each)."""
+    seen = 0
+    for kind in ("copy_in", "copy_out"):
+        for state in ("allocated", "copying", "computing", "copying_computing", "idle"):
+            for copies in range(4):
+                for computes in range(4):
+                    if not LifecycleCore().spec.states[state].admits(copies, computes):
+                        continue
+                    cores = LifecycleCore(), LifecycleCore()
+                    cores[1].observer = lambda *a: None  # an observer makes instant take both steps
+                    records = [core.add(8, spec=None, memory="m") for core in cores]
+                    for rec in records:
+                        rec.state, rec.copies, rec.computes = state, copies, computes
+                    assert [core.instant(kind, (0, 0)) for core in cores] == [0, 0]  # each takes a use id
+                    after = [(r.state, r.copies, r.computes) for r in records]
+                    assert after == [(records[1].state, copies, computes)] * 2, (kind, state, copies, computes)
+                    assert records[1].state == ("idle" if state == "allocated" else state)
+                    seen += 1
+    assert seen == 2 * 17

@@ -37,5 +37,7 @@ def test_seeded_bug_is_caught_with_a_shrunk_counterexample(name: str) -> None:
         line for line in trace.splitlines()
         if line.startswith("state.") and line[6:].split("(")[0] not in invariants
     ]  # fmt: skip
-    assert 1 <= len(calls) <= 8, trace  # shrunk to a handful of calls
+    # shrunk to a handful of calls: how far depends on the process's history (double_backend_free
+    # shrinks to 2 calls alone and to 10 after the checker's tests in one pytest run)
+    assert 1 <= len(calls) <= 12, trace
     print(f"\n{name}: {type(caught.value).__name__}: {caught.value}\n" + "\n".join(calls))

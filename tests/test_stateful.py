@@ -15,3 +15,5 @@ def test_bridge_agrees_with_the_reference_model_and_covers_the_spec() -> None:
     run_state_machine_as_test(BridgeMachine, settings=settings())
     COVERAGE.seconds = time.perf_counter() - start
     assert COVERAGE.missing() == [], "spec candidates the stateful run never exercised"
+    assert COVERAGE.missing_edges() == [], "hazard edges (ORDER-1) the stateful run never exercised"
+    assert COVERAGE.refusals["ORDER-2"] > 0, "no call was refused for waiting on an open compute event"
