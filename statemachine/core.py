@@ -88,6 +88,18 @@ class Effects:
     ready: tuple[InFlight, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Composite:
+    """A use that begins and ends at once: its two compiled steps and where they lead."""
+
+    begin: str
+    first: Step
+    middle: str
+    end: str
+    then: Step
+    dest: str
+
+
 class LifecycleCore:
     def __init__(self, lifecycle: Lifecycle | None = None) -> None:
         if lifecycle is None:
@@ -101,8 +113,9 @@ class LifecycleCore:
         #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
         self._hazards = {(a, b): self._spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
         self._accesses = frozenset(k for k in USE_EVENTS if any(self._hazards[(k, b)] for b in USE_EVENTS))
-        #: (state, kind, min(copies, 2), min(computes, 2)) -> the state after a use's begin and end
-        self._instant: dict[tuple[str, str, int, int], str] = {}
+        #: (state, kind, min(copies, 2), min(computes, 2)) -> a use's begin and end: the two compiled
+        #: steps (what an observer sees) and the state they lead to
+        self._instant: dict[tuple[str, str, int, int], Composite] = {}
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
@@ -245,31 +258,34 @@ class LifecycleCore:
         """A use the backend finished before it was recorded (a synchronous copy that follows
         nothing): its begin and its end as one step of a composite table built from the spec's
         (the caller checked the begin). Its use id. No effects: nothing is released."""
-        use_id = self._next_use
-        self._next_use += 1
         record = self._allocations.get(key[0])
-        if record is not None and self.observer is None:
-            c, k = min(record.copies, 2), min(record.computes, 2)
-            dest = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
-            record.state = dest
-            return use_id
-        begin, end = USE_EVENTS[kind]  # coverage tools watch each event: take them one by one
-        self.fire(key[0], key[1], begin)
-        released = self.fire(key[0], key[1], end)
-        assert released is None, "a use that ends at once never ends its allocation"
-        return use_id
+        if record is None:  # dead: the caller's check let it through by mistake; fire() says why
+            self.fire(key[0], key[1], USE_EVENTS[kind][0])
+        assert record is not None
+        c, k = min(record.copies, 2), min(record.computes, 2)
+        step = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
+        if self.observer is not None:  # coverage tools see both spec steps
+            self.observer(record.state, step.begin, step.first)
+            self.observer(step.middle, step.end, step.then)
+        record.state = step.dest
+        self._next_use += 1
+        return self._next_use - 1
 
-    def _compose(self, state: str, kind: str, copies: int, computes: int) -> str:
+    def _compose(self, state: str, kind: str, copies: int, computes: int) -> Composite:
+        """A use's begin then end from the compiled table, validated once and kept."""
         begin, end = USE_EVENTS[kind]
         first = self._table.lookup(state, begin, copies, computes)
+        if first.rule is not None:
+            raise self._errors[first.rule](first.rule, f"{begin} rejected: allocation is {state}")
         assert first.dest is not None and not first.release, (state, begin, first)
         counter, _ = self._deltas[begin]
         after = (copies + 1, computes) if counter == "copies" else (copies, computes + 1)
         then = self._table.lookup(first.dest, end, *after)
         assert then.dest is not None and not then.release and then.dest not in self._table.terminal, (then, after)
         assert self._spec.states[then.dest].admits(copies, computes), (state, kind, then.dest)
-        self._instant[(state, kind, copies, computes)] = then.dest
-        return then.dest
+        step = Composite(begin, first, first.dest, end, then, then.dest)
+        self._instant[(state, kind, copies, computes)] = step
+        return step
 
     def end(self, use_id: int, ok: bool) -> Effects:
         """The backend is done with a use (successfully or not)."""

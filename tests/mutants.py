@@ -239,3 +239,23 @@ def missing_war_edge() -> Iterator[None]:
 def missing_waw_edge() -> Iterator[None]:
     """Two writes of the same bytes are not ordered: the earlier may land last."""
     yield from _without_hazard("WAW")
+
+
+@mutant
+def sync_copy_skips_its_step() -> Iterator[None]:
+    """The fused path of a synchronous copy takes a use id but leaves the allocation's state alone
+    (an allocation copied into stays `allocated`)."""
+
+    def instant(self: LifecycleCore, kind: str, key: tuple[int, int], *args: Any, **kwargs: Any) -> int:
+        self._next_use += 1
+        return self._next_use - 1
+
+    with mock.patch.object(LifecycleCore, "instant", instant):
+        yield
+
+
+@mutant
+def sync_copy_keeps_host_bytes() -> Iterator[None]:
+    """The fused path of a synchronous input copy never releases its host bytes (H2D-2)."""
+    with mock.patch.object(HostRing, "read_done", lambda self, *args, **kwargs: None):
+        yield

@@ -6,6 +6,7 @@ import pytest
 
 from devbridge import LifecycleError
 from devbridge.statemachine import LifecycleCore
+from devbridge.statemachine.core import USE_EVENTS
 
 
 @pytest.mark.holds("EVENT-1")
@@ -68,13 +69,23 @@ def test_a_use_that_ends_at_once_is_its_begin_then_its_end_in_every_state() -> N
                     if not LifecycleCore().spec.states[state].admits(copies, computes):
                         continue
                     cores = LifecycleCore(), LifecycleCore()
-                    cores[1].observer = lambda *a: None  # an observer makes instant take both steps
+                    steps: list[tuple[str, str, object]] = []
+                    cores[0].observer = lambda st, ev, step, out=steps: out.append((st, ev, step))
                     records = [core.add(8, spec=None, memory="m") for core in cores]
                     for rec in records:
                         rec.state, rec.copies, rec.computes = state, copies, computes
-                    assert [core.instant(kind, (0, 0)) for core in cores] == [0, 0]  # each takes a use id
+                    assert cores[0].instant(kind, (0, 0)) == 0  # it takes a use id
+                    begin, end = USE_EVENTS[kind]
+                    cores[1].fire(0, 0, begin)
+                    assert cores[1].fire(0, 0, end) is None
                     after = [(r.state, r.copies, r.computes) for r in records]
                     assert after == [(records[1].state, copies, computes)] * 2, (kind, state, copies, computes)
                     assert records[1].state == ("idle" if state == "allocated" else state)
+                    table = cores[1].table
+                    middle = table.lookup(state, begin, copies, computes).dest
+                    assert steps == [
+                        (state, begin, table.lookup(state, begin, copies, computes)),
+                        (middle, end, table.lookup(middle, end, *((copies + 1, computes)))),
+                    ]  # the observer sees both spec steps, as for fire(begin), fire(end)
                     seen += 1
     assert seen == 2 * 17
