@@ -8,8 +8,8 @@ Completion events:
 * on devices whose memory is host memory (CPU), asynchronous copies run on a
   copy thread with `ctypes.memmove` (which drops the GIL), so they overlap
   compute; an input copy reads the host bytes when it runs, and the Bridge
-  releases them only when the thread has finished; an output copy first
-  waits for the compute queued before it;
+  releases them only when the thread has finished (the Bridge never submits
+  an output copy while a compute that writes its bytes is in flight, ORDER-1);
 * elsewhere copies are enqueued on the device and complete when its timeline
   signal passes the value taken after them (NV/AMD), or after a
   `synchronize()` (CUDA, METAL, ...);
@@ -55,6 +55,7 @@ from devbridge.backends.base import OK, PENDING, BackendError, Status
 from devbridge.errors import InvalidArgumentError, short
 
 Probe = Callable[[], bool]
+MIN_PAUSE_S, MAX_PAUSE_S = 0.00005, 0.002  # waiting on a device marker: the pause grows to 2 ms
 
 
 @dataclass(eq=False)
@@ -137,14 +138,8 @@ class TinygradBackend:
         buf = self._buffer(buffer)
         memory = None if sync else tg.host_bytes(buf)
         if memory is not None:
-            src, queued = memory[offset : offset + len(dst)], tg.marker(self.device)
-
-            def move() -> None:
-                while not queued():  # compute queued before this copy writes what it reads
-                    time.sleep(0)
-                self._move(dst, src)
-
-            return self._on_copy_thread("copy_out", move)
+            src = memory[offset : offset + len(dst)]
+            return self._on_copy_thread("copy_out", lambda: self._move(dst, src))
         self._after_queued_copies()
         try:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
@@ -185,11 +180,16 @@ class TinygradBackend:
             with contextlib.suppress(Exception):
                 token.future.exception(timeout=timeout)
             return token.status().done
+        # A device marker: tinygrad's own device wait spins a core (HCQ signals, the CPU device's
+        # workers), and no OS primitive signals a marker; query with a growing pause instead.
         deadline = None if timeout is None else time.monotonic() + timeout
+        pause = MIN_PAUSE_S
         while not token.status().done:
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 return False
-            time.sleep(0.0001)
+            time.sleep(pause if deadline is None else min(pause, deadline - now))
+            pause = min(2 * pause, MAX_PAUSE_S)
         return True
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:

@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from devbridge.backends.base import Backend, BackendError, Status
@@ -49,9 +50,10 @@ from devbridge.errors import (
     OutputCopyError,
     RangeError,
     StaleHandleError,
+    WaitTimeoutError,
     short,
 )
-from devbridge.events import ComputeEvent, CopyEvent, Event
+from devbridge.events import ComputeEvent, CopyEvent, Event, _deadline
 from devbridge.statemachine.core import Allocation, Effects, InFlight, LifecycleCore
 from devbridge.types import (
     MAX_EXTENT,
@@ -68,6 +70,8 @@ if TYPE_CHECKING:
     from tinygrad.tensor import Tensor
 
 _owners = itertools.count(1)
+#: How often wait_any queries again when no completion wakes it (for tokens a backend cannot report).
+POLL_S = 0.002
 log = logging.getLogger("devbridge")
 
 
@@ -93,6 +97,8 @@ class Bridge:
         self._by_token: dict[int, Event] = {}  # id(backend token) -> the submitted ones among them
         self._launchable: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
         self._launching = False
+        self._progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
+        self._completions = 0  # completions reported or applied so far (under _progress)
         self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
         self._completed: deque[object] = deque()  # tokens the backend finished (appended on any thread)
         self._counts: Counter[str] = Counter()
@@ -320,6 +326,39 @@ class Bridge:
             if failures:
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
 
+    def wait_all(self, events: Iterable[Event], timeout: float | None = None) -> None:
+        """Block until every one of `events` is done, or raise WaitTimeoutError (WAIT-1) once
+        `timeout` seconds pass. Failures stay with their events (`event.error`)."""
+        deadline = _deadline(timeout)
+        for event in self._own_events(events, "wait_all"):
+            while not event.done():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
+                self._wait_backend(event, remaining)
+
+    def wait_any(self, events: Iterable[Event], timeout: float | None = None) -> Event:
+        """The first of `events` found done (in the order given), blocking until one is; raises
+        WaitTimeoutError (WAIT-1) once `timeout` seconds pass. It sleeps on a condition that
+        every completion the backend reports wakes; tokens a backend cannot report (a device
+        marker) are queried again at most every POLL_S seconds."""
+        deadline = _deadline(timeout)
+        pending = self._own_events(events, "wait_any")
+        if not pending:
+            raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
+        while True:
+            with self._progress:
+                seen = self._completions
+            for event in pending:
+                if event.done():
+                    return event
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
+            with self._progress:
+                if self._completions == seen:
+                    self._progress.wait(POLL_S if remaining is None else min(remaining, POLL_S))
+
     # ------------------------------------------------------------ introspection
 
     def pins(self, handle: DeviceHandle) -> dict[str, object]:
@@ -540,12 +579,34 @@ class Bridge:
                 if event.use_id in self._pending:
                     self._finish(event, Status(True, f"waiting on the backend failed: {e}"))
 
+    def _own_events(self, events: object, call: str) -> list[Event]:
+        """`events` as a list of this bridge's events (ARG-1 otherwise)."""
+        if isinstance(events, str | bytes | Event) or not isinstance(events, Iterable):
+            raise InvalidArgumentError("ARG-1", f"{call} needs an iterable of events, got {short(events)}")
+        found: list[Event] = []
+        try:
+            for event in events:
+                if not isinstance(event, Event) or event._bridge is not self:
+                    raise InvalidArgumentError("ARG-1", f"{call}: {short(event)} is not an event of this bridge")
+                found.append(event)
+        except InvalidArgumentError:
+            raise
+        except Exception as e:  # an iterable that fails as it is read
+            raise InvalidArgumentError("ARG-1", f"{call}: reading {short(events)} failed: {short(e)}") from e
+        return found
+
+    def _notify_progress(self) -> None:
+        with self._progress:
+            self._completions += 1
+            self._progress.notify_all()
+
     def _on_complete(self, token: object) -> None:
         """The backend reports a finished token, on any thread. Never blocks: a device thread
         must not wait for a caller that may be waiting for that thread (a synchronous copy
         ordered after queued ones). When the lock is busy, the next call applies it; done(),
         wait() and poll() also query the backend themselves, so nothing waits on this."""
         self._completed.append(token)
+        self._notify_progress()  # a waiter in wait_any looks again (it queries the backend itself)
         if self._lock.acquire(blocking=False):
             try:
                 self._drain()
@@ -570,6 +631,7 @@ class Bridge:
             raise
         finally:
             event._settle(error)
+            self._notify_progress()
         if self._launchable:
             self._launch_ready()
 

@@ -22,6 +22,7 @@ answer is caught.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
@@ -38,10 +39,12 @@ from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.bridge import Bridge
-from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError
+from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
 from devbridge.events import Event
 from devbridge.ring import HostRing
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+
+IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ class Worker:
         self.backend, self.objects, self.seed, self.shapes = backend, objects, seed, shapes
         self.window, self.restart_every = window, restart_every
         self.pump = pump or (lambda: None)
+        self.pumped = pump is not None  # a fake backend's pump completes events: never block for them
         self.bridge = Bridge(backend)
         self.in_bytes = shapes.rows * shapes.d_in * 4
         self.out_bytes = shapes.rows * shapes.d_out * 4
@@ -208,8 +212,11 @@ class Worker:
                     self.expected[k] = reference_mlp(make_input(self.seed, k, self.shapes), self.weights_np)
                     self.jobs.append(Job(k, src))
                 before = sum(self.delivered.values())
+                states = [(job.stage, job.event) for job in self.jobs]
                 for job in list(self.jobs):
                     self.step(job)
+                if states == [(job.stage, job.event) for job in self.jobs]:
+                    self.idle()
                 done = sum(self.delivered.values())
                 since_restart += done - before
                 if progress is not None and done != before:
@@ -224,6 +231,17 @@ class Worker:
             producer.stop.set()
             producer.join(timeout=5)
             self.producer_blocked_s = producer.blocked_s
+
+    def idle(self) -> None:
+        """Nothing moved this pass: block until one of the events the jobs wait on is done (the
+        bridge's wait_any sleeps on completions; no polling loop takes the GIL from the copy
+        thread). A fake backend's pump completes events itself."""
+        if self.pumped:
+            return
+        events = [e for job in self.jobs for e in (job.event, *job.old) if e is not None and not e.done()]
+        if events:
+            with contextlib.suppress(WaitTimeoutError):  # the producer may have a new object ready by now
+                self.bridge.wait_any(events, timeout=IDLE_WAIT_S)
 
     def upload_weights(self) -> None:
         """The MLP's weights, once per generation, under their own role; their views live as long."""

@@ -557,6 +557,22 @@ def test_any_timeout_to_event_wait(data: st.DataObject) -> None:
 
 @FAST
 @given(data=st.data())
+def test_any_arguments_to_wait_any_and_wait_all(data: st.DataObject) -> None:
+    w = make_world()
+    timeout = data.draw(either([None, 0, 0.001], w), label="timeout")
+    # pending events only with timeouts a correct wait refuses; valid ones would block or time out
+    names = sorted(w.events) if certainly_invalid_timeout(timeout) else DONE_EVENTS
+    valid: list[object] = [[w.events[n]] for n in names] + [
+        [w.events[n] for n in names],
+        tuple(w.events[n] for n in names),
+    ]
+    events = data.draw(either(valid, w), label="events")
+    call = data.draw(st.sampled_from(["wait_any", "wait_all"]), label="call")
+    attempt(w, bounded(lambda: getattr(w.bridge, call)(events, timeout), 5.0))
+
+
+@FAST
+@given(data=st.data())
 def test_any_capacity_to_host_ring(data: st.DataObject) -> None:
     w = make_world()
     capacity = data.draw(either([1, 64, 4096], w), label="capacity")

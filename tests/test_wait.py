@@ -1,0 +1,149 @@
+"""bridge.wait_any and bridge.wait_all: block until events are done, honour timeouts (WAIT-1),
+and refuse anything but this bridge's events (ARG-1)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from support import U8, put
+
+from devbridge import (
+    Bridge,
+    DeviceCopyError,
+    DeviceRange,
+    HostRing,
+    InvalidArgumentError,
+    WaitTimeoutError,
+)
+from devbridge.backends.fake import FakeBackend
+from devbridge.backends.tinygrad import TinygradBackend
+
+
+def two_copies(bridge: Bridge, ring: HostRing) -> list:  # type: ignore[type-arg]
+    h = bridge.alloc_device(U8, 8)
+    return [
+        bridge.host_to_device(put(ring, b"aaaa"), DeviceRange(h, 0, 4), sync=False),
+        bridge.host_to_device(put(ring, b"bbbb"), DeviceRange(h, 4, 4), sync=False),
+    ]
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_any_returns_the_event_another_thread_completes(ring: HostRing) -> None:
+    fake = FakeBackend(run_on_wait=False)
+    bridge = Bridge(fake)
+    first, second = two_copies(bridge, ring)
+    threading.Timer(0.05, fake.complete, [second]).start()
+    start = time.monotonic()
+    assert bridge.wait_any([first, second], timeout=30) is second
+    assert time.monotonic() - start < 10 and not first.done()  # a hang detector, not a speed goal
+    fake.complete(first)
+    assert bridge.wait_any([first, second]) is first  # the first done, in the order given
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_all_waits_for_every_event_and_leaves_failures_on_them(ring: HostRing) -> None:
+    fake = FakeBackend(run_on_wait=False)
+    bridge = Bridge(fake)
+    first, second = two_copies(bridge, ring)
+    threading.Timer(0.02, fake.fail, [first]).start()
+    threading.Timer(0.05, fake.complete, [second]).start()
+    bridge.wait_all([first, second], timeout=30)
+    assert isinstance(first.error, DeviceCopyError) and second.error is None
+    assert bytes(fake.buffer(0).data) == b"\0\0\0\0bbbb"
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_all_runs_held_copies_on_the_fake(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    """The default fake's wait runs the work: a chain of held copies ends in order."""
+    h = bridge.alloc_device(U8, 4)
+    events = [bridge.host_to_device(put(ring, bytes([k]) * 4), DeviceRange(h, 0, 4), sync=False) for k in range(3)]
+    bridge.wait_all(events)
+    assert all(e.done() and e.error is None for e in events) and bytes(fake.buffer(0).data) == b"\2\2\2\2"
+
+
+@pytest.mark.rejects("WAIT-1")
+@pytest.mark.parametrize("call", ["wait_any", "wait_all"])
+def test_waits_time_out_and_change_nothing(call: str, ring: HostRing) -> None:
+    fake = FakeBackend(run_on_wait=False)
+    bridge = Bridge(fake)
+    events = two_copies(bridge, ring)
+    start = time.monotonic()
+    with pytest.raises(WaitTimeoutError) as e:
+        getattr(bridge, call)(events, timeout=0.05)
+    assert e.value.rule == "WAIT-1" and isinstance(e.value, TimeoutError)
+    assert time.monotonic() - start < 10 and not any(ev.done() for ev in events)
+    assert bridge.stats()["pending_events"] == 2
+
+
+BAD = {
+    "none": lambda: None,
+    "int": lambda: 3,
+    "str": lambda: "events",
+    "bytes": lambda: b"xy",
+    "list of None": lambda: [None],
+    "list of object": lambda: [object()],
+    "iterator of int": lambda: iter([1]),
+    "generator of floats": lambda: (x for x in [1.0, 2.0]),
+}
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_waits_refuse_anything_but_this_bridges_events(bad: str, bridge: Bridge, fake: FakeBackend) -> None:
+    for call in (bridge.wait_any, bridge.wait_all):
+        with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+            call(BAD[bad]())  # type: ignore[arg-type]
+    assert fake.calls == []
+
+
+@pytest.mark.rejects("ARG-1")
+def test_waits_refuse_other_bridges_events_an_empty_any_and_bad_timeouts(ring: HostRing) -> None:
+    fake = FakeBackend()
+    bridge, other = Bridge(fake), Bridge(FakeBackend())
+    mine = two_copies(bridge, ring)
+    theirs = other.host_to_device(put(ring, b"zz"), DeviceRange(other.alloc_device(U8, 2), 0, 2), sync=False)
+    for call in (bridge.wait_any, bridge.wait_all):
+        with pytest.raises(InvalidArgumentError, match="not an event of this bridge"):
+            call([*mine, theirs])
+        with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+            call(mine, timeout=-1)
+    with pytest.raises(InvalidArgumentError, match="at least one event"):
+        bridge.wait_any([])
+    bridge.wait_all([])  # nothing to wait for
+    assert not any(e.done() for e in mine)
+
+
+def broken() -> object:
+    def gen() -> object:
+        yield 1
+        raise RuntimeError("broken iterable")
+
+    return gen()
+
+
+@pytest.mark.rejects("ARG-1")
+def test_an_iterable_that_fails_as_it_is_read_is_an_arg_error(bridge: Bridge) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+        bridge.wait_any(broken())  # type: ignore[arg-type]
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_any_on_tinygrad_copies_blocks_until_the_copy_thread_finishes() -> None:
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(1 << 20)
+    h = bridge.alloc_device(U8, 1 << 16)
+    with backend.hold_copies():
+        events = [
+            bridge.host_to_device(put(ring, bytes([k + 1]) * (1 << 15)), DeviceRange(h, k << 15, 1 << 15), sync=False)
+            for k in range(2)
+        ]
+        with pytest.raises(WaitTimeoutError):
+            bridge.wait_any(events, timeout=0.02)  # the copy thread is held: nothing can finish
+    done = bridge.wait_any(events, timeout=30)
+    assert done in events and done.error is None
+    bridge.wait_all(events, timeout=30)
+    out = ring.reserve(1 << 16)
+    bridge.device_to_host(DeviceRange(h, 0, 1 << 16), out)
+    assert bytes(ring.view(out)) == b"\1" * (1 << 15) + b"\2" * (1 << 15)
