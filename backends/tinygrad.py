@@ -17,9 +17,15 @@ Completion events:
   before it (the marker is taken again when a `with bridge.compute(...)`
   block exits).
 
-Issue order of copies: on CPU the copy thread runs asynchronous copies in
-the order issued, and a synchronous copy first waits for the asynchronous
-ones queued before it. Elsewhere every copy goes through the allocator's
+Synchronous copies on an idle CPU device (no work queued: the check
+tinygrad's own `synchronize` makes first) are a `ctypes.memmove` on the
+buffer's address, skipping the allocator's per-call synchronize; with work
+queued they go through `_copyin`/`_copyout`, which synchronize first.
+
+Issue order of copies: the Bridge never submits a copy while one it
+conflicts with is in flight (ORDER-1); on CPU the copy thread runs
+asynchronous copies in the order issued, and copies of other bytes may run
+beside them. Elsewhere every copy goes through the allocator's
 `_copyin`/`_copyout`, which runs in order on the device's queue before the
 call returns (an asynchronous copy only completes its event later), so
 copies land in issue order there too, and an event completes once the
@@ -44,7 +50,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,11 +101,12 @@ class TinygradBackend:
         self.generation = 0
         self._lock = threading.RLock()
         self._copies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-copy")
-        self._last_copy: Future[None] | None = None  # the newest copy queued on the copy thread
         self._listeners: list[Callable[[object], None]] = []
         self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
         self._gate = threading.Event()
         self._gate.set()
+        self._idle = tg.idle_probe(self.device)  # CPU: synchronous copies skip an idle device's synchronize
+        self.direct_copies = 0  # synchronous copies made by memmove on an idle CPU device
 
     # ------------------------------------------------------------ Backend protocol
 
@@ -126,7 +132,8 @@ class TinygradBackend:
         if memory is not None:
             dst = memory[offset : offset + len(src)]
             return self._on_copy_thread("copy_in", lambda: self._move(dst, src))
-        self._after_queued_copies()
+        if sync and self._direct(buf, offset, src, into_device=True):
+            return _DONE_IN
         try:
             tg.copy_in(buf, offset, src)
         except Exception as e:
@@ -140,7 +147,8 @@ class TinygradBackend:
         if memory is not None:
             src = memory[offset : offset + len(dst)]
             return self._on_copy_thread("copy_out", lambda: self._move(dst, src))
-        self._after_queued_copies()
+        if sync and self._direct(buf, offset, dst, into_device=False):
+            return _DONE_OUT
         try:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
         except Exception as e:
@@ -239,18 +247,27 @@ class TinygradBackend:
 
     def _on_copy_thread(self, op: str, work: Callable[[], None]) -> TinygradToken:
         with self._lock:
-            future = self._last_copy = self._copies.submit(work)
+            future = self._copies.submit(work)
         token = TinygradToken(op, future=future, gate=self._gate)
         future.add_done_callback(lambda _: self._notify(token))
         return token
 
-    def _after_queued_copies(self) -> None:
-        """A synchronous copy runs after every asynchronous copy issued before it, as on a device
-        stream. The copy thread runs in issue order, so waiting (blocking, no spin) for its newest
-        copy suffices; the Bridge's completion callback never blocks the copy thread."""
-        last = self._last_copy
-        if last is not None and not last.done():
-            wait_futures([last])
+    def _direct(self, buf: tg.Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
+        """A synchronous copy by memmove, where the device is host memory with no work queued (so
+        the allocator's synchronize would return at once); False to go through the allocator.
+        Copies in flight on the copy thread touch other bytes: the Bridge orders conflicting ones
+        (ORDER-1)."""
+        if self._idle is None or not self._idle():
+            return False
+        device, address = tg.device_address(buf), tg.host_address(host)
+        if device is None or address is None:
+            return False
+        if into_device:
+            ctypes.memmove(device + offset, address, len(host))
+        else:
+            ctypes.memmove(address, device + offset, len(host))
+        self.direct_copies += 1
+        return True
 
     def _notify(self, token: TinygradToken) -> None:
         with self._lock:
@@ -265,3 +282,6 @@ class TinygradBackend:
 
 def _done(op: str) -> TinygradToken:
     return TinygradToken(op, probe=lambda: True)
+
+
+_DONE_IN, _DONE_OUT = _done("copy_in"), _done("copy_out")  # a synchronous copy's token: done already

@@ -9,6 +9,7 @@ A tinygrad upgrade should touch this file and its test only.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,48 @@ def copy_in(buffer: Buffer, offset: int, src: memoryview) -> None:
 def copy_out(dst: memoryview, buffer: Buffer, offset: int) -> None:
     """Device -> host, synchronous (the allocator waits for queued work first)."""
     buffer.allocator._copyout(dst, _raw_range(buffer, offset, len(dst)))
+
+
+def idle_probe(device: str) -> Callable[[], bool] | None:
+    """On the CPU device, a probe that is true when the device has no queued work: the check its
+    `synchronize` makes first (every worker done with what was put, the timeline reached), so a
+    copy may skip the allocator's per-call synchronize (3.4 µs of a 3.8 µs 64 B `_copyin`).
+    None elsewhere (the caller always goes through the allocator)."""
+    try:
+        from tinygrad.runtime.support.hcq2 import HCQ_RUNTIME_DEV
+    except ImportError:
+        return None
+    dev: Any = Device[device]
+    if not device.startswith("CPU") or not hasattr(dev, "workers") or not hasattr(dev, "signal"):
+        return None
+    timeline = dev.signal("timeline")._buf.cpu_view().view(fmt="Q")
+    value = dev.signal("value", 1, device="CPU")._buf.cpu_view().view(fmt="Q")
+    counters: list[tuple[Any, Any]] = []  # (put, done) per worker, read as tinygrad's synchronize reads them
+
+    def idle() -> bool:
+        if HCQ_RUNTIME_DEV.value != device:  # its synchronize would synchronize another device first
+            return False
+        if len(counters) != len(dev.workers):
+            counters[:] = [
+                tuple(getattr(w, x)._buf.cpu_view().view(fmt="Q") for x in ("put", "done")) for w in dev.workers
+            ]
+        return all(done[0] >= put[0] for put, done in counters) and bool(timeline[0] >= value[0] - 1)
+
+    return idle
+
+
+def device_address(buffer: Buffer) -> int | None:
+    """The address of a host-memory device buffer's first byte (CPU), else None."""
+    address = getattr(buffer._buf, "va_addr", None)
+    return int(address) if address is not None and str(buffer.device).startswith("CPU") else None
+
+
+def host_address(view: memoryview) -> int | None:
+    """The address of a writable, contiguous host view's first byte; None if it has none."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError, BufferError):
+        return None
 
 
 def host_bytes(buffer: Buffer) -> memoryview | None:
@@ -141,8 +184,11 @@ __all__ = [
     "copy_in",
     "copy_out",
     "default_device",
+    "device_address",
     "dtype_of",
+    "host_address",
     "host_bytes",
+    "idle_probe",
     "marker",
     "open_device",
     "synchronize",

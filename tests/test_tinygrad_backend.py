@@ -150,3 +150,83 @@ def test_a_sync_read_sees_the_async_write_issued_before_it() -> None:
         ring.release(out)
         bridge.poll()
     assert stale == 0
+
+
+class CountingCopies:
+    """Counts the CPU allocator's _copyin/_copyout calls (the path that synchronizes first)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, buffer: object) -> None:
+        allocator = buffer.allocator  # type: ignore[attr-defined]
+        self.calls: list[str] = []
+        for name in ("_copyin", "_copyout"):
+            original = getattr(allocator, name)
+            monkeypatch.setattr(allocator, name, self._counted(name, original))
+
+    def _counted(self, name: str, original: object) -> object:
+        def call(*args: object) -> object:
+            self.calls.append(name)
+            return original(*args)  # type: ignore[operator]
+
+        return call
+
+
+def test_sync_copies_on_an_idle_cpu_device_are_a_memmove_and_byte_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(1 << 16)
+    h = bridge.alloc_device(ObjectSpec("blob", "uint8"), 256)
+    record = bridge._core.allocation(h.id)
+    assert record is not None
+    counted = CountingCopies(monkeypatch, record.memory)
+    rng = np.random.default_rng(7)
+    expected = bytearray(256)  # device memory is not zeroed on allocation (tinygrad's LRU cache): zero it
+    zeros = ring.reserve(256)
+    bridge.host_to_device(zeros, DeviceRange(h, 0, 256))
+    for _ in range(200):
+        offset = int(rng.integers(0, 255))
+        n = int(rng.integers(1, 256 - offset + 1))
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        src = ring.reserve(n)
+        ring.view(src)[:] = data
+        bridge.host_to_device(src, DeviceRange(h, offset, n))
+        expected[offset : offset + n] = data
+        out = ring.reserve(256)
+        bridge.device_to_host(DeviceRange(h, 0, 256), out)
+        assert bytes(ring.view(out)) == bytes(expected)
+        ring.release(out)
+    assert backend.direct_copies == 401 and counted.calls == []  # never through the allocator
+
+
+def test_sync_copies_go_through_the_allocator_while_the_device_reports_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With work queued (the probe false) a synchronous copy takes `_copyin`/`_copyout`, which
+    synchronize first; the bytes are the same. (tinygrad's CPU realize() returns once its kernel
+    ran, so the test makes the device report queued work through the probe.)"""
+    backend = TinygradBackend("CPU")
+    bridge, ring = Bridge(backend), HostRing(1 << 12)
+    h = bridge.alloc_device(ObjectSpec("blob", "uint8"), 64)
+    record = bridge._core.allocation(h.id)
+    assert record is not None
+    bridge.host_to_device(ring.reserve(64), DeviceRange(h, 0, 64))  # zeros: memory is not zeroed on allocation
+    counted = CountingCopies(monkeypatch, record.memory)
+    monkeypatch.setattr(backend, "_idle", lambda: False)
+    src = ring.reserve(16)
+    ring.view(src)[:] = bytes(range(16))
+    bridge.host_to_device(src, DeviceRange(h, 8, 16))
+    out = ring.reserve(32)
+    bridge.device_to_host(DeviceRange(h, 0, 32), out)
+    assert bytes(ring.view(out)) == bytes(8) + bytes(range(16)) + bytes(8)
+    assert counted.calls == ["_copyin", "_copyout"] and backend.direct_copies == 1  # only the zeroing
+
+
+def test_the_idle_probe_reads_what_synchronize_waits_for() -> None:
+    """After synchronize() the CPU device is idle; a lazy op realized runs to completion (tinygrad's
+    CPU realize waits for its kernel), so the device is idle again after it."""
+    probe = tg.idle_probe("CPU")
+    assert probe is not None and tg.idle_probe("CPU") is not probe  # a fresh probe per call
+    tg.synchronize("CPU")
+    assert probe() is True
+    from tinygrad.tensor import Tensor
+
+    (Tensor.ones(256, 256) @ Tensor.ones(256, 256)).realize()
+    tg.synchronize("CPU")
+    assert probe() is True
+    assert tg.host_address(memoryview(b"read-only")) is None  # no address: the allocator path
