@@ -150,7 +150,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             f"backend {s.backend}: {s.delivered}/{s.objects} objects in {s.seconds:.1f} s "
             f"({s.objects_per_s:.0f} objects/s)\n"
             f"bytes in {s.bytes_in} ({s.gb_per_s_in:.4f} GB/s)  bytes out {s.bytes_out} ({s.gb_per_s_out:.4f} GB/s)\n"
-            f"peak live allocations {s.peak_live_allocations}  deferred frees {s.deferred_frees}  "
+            f"allocations {s.allocations} (peak live {s.peak_live_allocations})  deferred frees {s.deferred_frees}  "
             f"computes overlapping an upload {s.overlapped_computes}  producer blocked {s.producer_blocked_s:.1f} s\n"
             f"faults injected {s.faults_injected}, recovered {s.faults_recovered}, "
             f"failed frees reported {s.free_failures}  restarts {s.restarts}\n"

@@ -2,10 +2,16 @@
 
 A producer thread fills the input ring with objects and blocks only when it
 is full. The worker keeps a window of objects in flight, each moving through
-alloc -> upload (async host_to_device) -> compute (tinygrad on views) ->
-download (async device_to_host) -> delivered, so the upload of object k+1
-overlaps the compute of object k. The MLP's weights are uploaded once per
-generation under their own role.
+slot -> upload (async host_to_device) -> compute (a TinyJit MLP on zero-copy
+views) -> download (async device_to_host) -> delivered, so the upload of
+object k+1 overlaps the compute of object k. The MLP's weights are uploaded
+once per generation under their own role.
+
+Device memory is pooled per generation: a slot is an input and an output
+allocation with their views, allocated once and reused by object after
+object (the lifecycle still tracks every copy and compute on them); a
+restart frees the pool. The MLP runs under TinyJit with every view passed
+as an argument (TinyJit swaps argument buffers per call), weights included.
 
 Ordering is the bridge's (ORDER-1): the download is issued right after the
 compute, without waiting for its event; the bridge holds it back until the
@@ -23,6 +29,7 @@ answer is caught.
 from __future__ import annotations
 
 import contextlib
+import gc
 import queue
 import random
 import threading
@@ -69,6 +76,7 @@ class Summary:
     gb_per_s_in: float
     gb_per_s_out: float
     peak_live_allocations: int
+    allocations: int  # alloc_device calls that succeeded: weights and pooled slots, per generation
     deferred_frees: int
     faults_injected: int
     faults_recovered: int
@@ -106,11 +114,25 @@ def reference_mlp(x: np.ndarray[Any, Any], w: dict[str, np.ndarray[Any, Any]]) -
 
 
 @dataclass
+class Slot:
+    """Device memory for one object in flight, reused by object after object in a generation."""
+
+    x: DeviceHandle
+    y: DeviceHandle
+    xv: Any  # zero-copy views, passed to the jitted MLP as arguments (they pin x and y)
+    yv: Any
+
+
+def mlp_step(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, y: Any) -> None:
+    """The worker's MLP, writing its result into the output view (jitted by the worker)."""
+    y.assign(((x @ w1 + b1).relu() @ w2) + b2).realize()
+
+
+@dataclass
 class Job:
     k: int
     src: HostRange
-    x: DeviceHandle | None = None
-    y: DeviceHandle | None = None
+    slot: Slot | None = None
     out: HostRange | None = None
     stage: str = "alloc"
     event: Event | None = None
@@ -186,6 +208,9 @@ class Worker:
         self.y_spec = ObjectSpec("y", "float32", role="output", view=self.y_view)
         self.weights: dict[str, Any] = {}  # name -> live view of the uploaded weight
         self.weight_handles: list[DeviceHandle] = []
+        self.free_slots: list[Slot] = []  # the pool: slots of this generation no object holds
+        self.slots = 0  # slots made in this generation
+        self.mlp = _jit(mlp_step)
         self.weight_ring = HostRing(sum(w.nbytes for w in self.weights_np.values()))
         self.weight_src = {}
         for name, w in self.weights_np.items():
@@ -231,6 +256,8 @@ class Worker:
             producer.stop.set()
             producer.join(timeout=5)
             self.producer_blocked_s = producer.blocked_s
+        gc.collect()  # views of old pools in reference cycles: their releases (and failures) now
+        self.reported(self.bridge.poll)
 
     def idle(self) -> None:
         """Nothing moved this pass: block until one of the events the jobs wait on is done (the
@@ -276,17 +303,40 @@ class Worker:
             self.free_failures += 1
 
     def restart(self) -> None:
-        """Restart mid-flight: every job starts over in the new generation from its kept input."""
+        """Restart mid-flight: every job starts over in the new generation from its kept input;
+        the pool goes with the old generation (its views are dropped, so its memory is released)."""
         self.weights.clear()  # old views must go: they pin old memory
+        self.free_slots.clear()
+        self.slots = 0
         self.reported(self.bridge.restart)
         self.restarts += 1
         for job in self.jobs:
             if job.event is not None and not job.event.done():
                 job.old.append(job.event)
-            job.x = job.y = None
+            job.slot = None
             job.event = job.computed = None
             job.stage = "alloc"
         self.upload_weights()
+
+    def take_slot(self) -> Slot | None:
+        """A slot from the pool, or a new one while the window allows; None for now (retried)."""
+        if self.free_slots:
+            return self.free_slots.pop()
+        if self.slots >= self.window:
+            return None
+        try:
+            x = self.bridge.alloc_device(self.x_spec, self.in_bytes)
+        except DeviceAllocationError:
+            self.failures_retried += 1
+            return None
+        try:
+            y = self.bridge.alloc_device(self.y_spec, self.out_bytes)
+        except DeviceAllocationError:
+            self.failures_retried += 1
+            self.reported(self.bridge.free_device, x)
+            return None
+        self.slots += 1
+        return Slot(x, y, self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view))
 
     # ------------------------------------------------------------ one object
 
@@ -296,13 +346,9 @@ class Worker:
             if job.old:
                 return  # an aborted copy still uses this job's host bytes
         if job.stage == "alloc":
-            try:
-                job.x = job.x or self.bridge.alloc_device(self.x_spec, self.in_bytes)
-                job.y = job.y or self.bridge.alloc_device(self.y_spec, self.out_bytes)
-            except DeviceAllocationError:
-                self.failures_retried += 1
-                return
-            self.upload(job)
+            job.slot = job.slot or self.take_slot()
+            if job.slot is not None:
+                self.upload(job)
         elif job.stage == "upload" and self.settled(job):
             self.compute(job)
         elif job.stage == "compute":  # the output range was not free yet: the download follows the compute
@@ -316,10 +362,11 @@ class Worker:
         if not job.event.done():
             return False
         if job.stage == "download" and job.computed is not None and job.computed.error is not None:
-            # the download ran on the bytes as the failed compute left them (ORDER-1); x is gone:
-            # start over from the kept input (the output range is reused)
+            # the download ran on the bytes as the failed compute left them (ORDER-1): start over
+            # from the kept input, in the same slot (the output range is reused)
             self.failures_retried += 1
-            job.stage, job.event, job.computed = "alloc", None, None
+            job.computed = None
+            self.upload(job)
             return False
         if job.event.error is None:
             return True
@@ -339,8 +386,8 @@ class Worker:
         job.stage = stage
 
     def upload(self, job: Job) -> None:
-        x = job.x
-        assert x is not None
+        assert job.slot is not None
+        x = job.slot.x
         self.attempt(
             job,
             "upload",
@@ -348,35 +395,30 @@ class Worker:
         )
 
     def compute(self, job: Job) -> None:
-        assert job.x is not None and job.y is not None
-        w = self.weights
+        slot, w = job.slot, self.weights
+        assert slot is not None
         uploading = (j for j in self.jobs if j is not job and j.stage == "upload")
         self.overlapped += any(j.event is not None and not j.event.done() for j in uploading)
-        with self.bridge.compute(job.x, job.y, *self.weight_handles) as event:
-            xv = self.bridge.wrap_for_tinygrad(job.x, self.x_view)
-            yv = self.bridge.wrap_for_tinygrad(job.y, self.y_view)
-            yv.assign(((xv @ w["w1"] + w["b1"]).relu() @ w["w2"]) + w["b2"]).realize()
-            del xv, yv  # views pin their allocations while they live
-        self.reported(self.bridge.free_device, job.x)  # deferred until the compute event completes
-        job.x = None
+        with self.bridge.compute(slot.x, slot.y, *self.weight_handles) as event:
+            self.mlp(slot.xv, w["w1"], w["b1"], w["w2"], w["b2"], slot.yv)
         job.event = job.computed = event
         job.stage = "compute"
         self.download(job)  # at once: held back by the bridge until the compute event completes
 
     def download(self, job: Job) -> None:
-        assert job.y is not None
+        assert job.slot is not None
         if job.out is None:
             try:
                 job.out = self.outputs.reserve(self.out_bytes)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
-        y, out = job.y, job.out
+        y, out = job.slot.y, job.out
         self.attempt(
             job, "download", lambda: self.bridge.device_to_host(DeviceRange(y, 0, self.out_bytes), out, sync=False)
         )
 
     def deliver(self, job: Job) -> None:
-        assert job.out is not None and job.y is not None
+        assert job.out is not None and job.slot is not None
         got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(self.shapes.rows, self.shapes.d_out)
         if not np.allclose(got, self.expected.pop(job.k), rtol=1e-4, atol=1e-4):
             self.wrong += 1
@@ -385,7 +427,7 @@ class Worker:
         self.inputs.release(job.src)  # the object is done: its input may go
         with self.space:
             self.space.notify_all()
-        self.reported(self.bridge.free_device, job.y)
+        self.free_slots.append(job.slot)  # the next object's upload follows this download (ORDER-1)
         self.jobs.remove(job)
 
     # ------------------------------------------------------------ results
@@ -407,6 +449,7 @@ class Worker:
             gb_per_s_in=delivered * self.in_bytes / seconds / 1e9,
             gb_per_s_out=delivered * self.out_bytes / seconds / 1e9,
             peak_live_allocations=self.peak_live,
+            allocations=stats["allocs"],
             deferred_frees=stats["deferred_frees"],
             faults_injected=injected,
             faults_recovered=self.failures_retried,
@@ -418,6 +461,13 @@ class Worker:
             unreleased_output_bytes=self.outputs.head - self.outputs.cursor,
             backend=backend_name,
         )
+
+
+def _jit(step: Callable[..., None]) -> Callable[..., None]:
+    from tinygrad.engine.jit import TinyJit
+
+    jitted: Callable[..., None] = TinyJit(step)
+    return jitted
 
 
 def fake_pump(fake: FakeBackend, seed: int) -> Callable[[], None]:

@@ -22,11 +22,16 @@ def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str) -> No
     assert summary.clean
 
 
-def test_on_the_fake_device_frees_are_deferred_behind_compute() -> None:
+def test_device_memory_is_pooled_per_generation() -> None:
+    """20 objects reuse the window's 4 slots (x and y each): no allocation or free per object; the
+    next object's upload into a slot follows the last one's download by ORDER-1, not by waiting."""
     summary = run_demo(objects=20, backend="fake", seed=1)
-    assert summary.clean and summary.deferred_frees >= 20  # x is freed while its compute is pending
+    assert summary.clean and summary.allocations == 4 + 2 * 4 and summary.deferred_frees == 0
     assert summary.overlapped_computes > 0  # the upload of a later object was in flight meanwhile
-    assert summary.peak_live_allocations <= 4 + 2 * 4  # weights + a window of 4 objects (x and y)
+    assert summary.peak_live_allocations == 4 + 2 * 4  # weights + a window of 4 objects (x and y)
+    restarted = run_demo(objects=20, backend="fake", seed=1, restart_every=5)
+    assert restarted.clean and restarted.restarts >= 3
+    assert restarted.allocations <= (restarted.restarts + 1) * (4 + 2 * 4)  # a pool per generation
 
 
 def test_cli_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
