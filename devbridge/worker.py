@@ -141,12 +141,22 @@ class Job:
 
 
 class Producer(threading.Thread):
-    """Writes objects into the input ring; blocks only while the ring is full."""
+    """Writes objects into the input ring (blocking only while it is full), each with the output
+    numpy says it must give (computed here, off the worker's loop)."""
 
-    def __init__(self, ring: HostRing, objects: int, seed: int, shapes: Shapes, space: threading.Condition) -> None:
+    def __init__(
+        self,
+        ring: HostRing,
+        objects: int,
+        seed: int,
+        shapes: Shapes,
+        space: threading.Condition,
+        weights: dict[str, np.ndarray[Any, np.dtype[np.float32]]] | None = None,
+    ) -> None:
         super().__init__(daemon=True, name="devbridge-producer")
         self.ring, self.objects, self.seed, self.shapes, self.space = ring, objects, seed, shapes, space
-        self.ready: queue.Queue[tuple[int, HostRange]] = queue.Queue()
+        self.weights = weights if weights is not None else make_weights(seed, shapes)
+        self.ready: queue.Queue[tuple[int, HostRange, np.ndarray[Any, Any]]] = queue.Queue()
         self.blocked_s = 0.0
         self.stop = threading.Event()
 
@@ -164,8 +174,9 @@ class Producer(threading.Thread):
                     self.blocked_s += time.perf_counter() - start
                     if self.stop.is_set():
                         return
-            self.ring.view(r)[:] = make_input(self.seed, k, self.shapes).tobytes()
-            self.ready.put((k, r))
+            x = make_input(self.seed, k, self.shapes)
+            self.ring.view(r)[:] = x.tobytes()
+            self.ready.put((k, r, reference_mlp(x, self.weights)))
 
 
 class Worker:
@@ -221,7 +232,7 @@ class Worker:
     # ------------------------------------------------------------ the loop
 
     def run(self, progress: Callable[[int], None] | None = None) -> None:
-        producer = Producer(self.inputs, self.objects, self.seed, self.shapes, self.space)
+        producer = Producer(self.inputs, self.objects, self.seed, self.shapes, self.space, self.weights_np)
         producer.start()
         self.upload_weights()
         since_restart = 0
@@ -231,10 +242,10 @@ class Worker:
                 self.reported(self.bridge.poll)
                 while len(self.jobs) < self.window:
                     try:
-                        k, src = producer.ready.get(timeout=0 if self.jobs else 0.05)
+                        k, src, expected = producer.ready.get(timeout=0 if self.jobs else 0.05)
                     except queue.Empty:
                         break
-                    self.expected[k] = reference_mlp(make_input(self.seed, k, self.shapes), self.weights_np)
+                    self.expected[k] = expected
                     self.jobs.append(Job(k, src))
                 before = sum(self.delivered.values())
                 states = [(job.stage, job.event) for job in self.jobs]
@@ -246,7 +257,6 @@ class Worker:
                 since_restart += done - before
                 if progress is not None and done != before:
                     progress(done)
-                self.peak_live = max(self.peak_live, self.bridge.stats()["live_allocations"])
                 if self.restart_every and since_restart >= self.restart_every and self.jobs:
                     self.restart()
                     since_restart = 0
@@ -280,6 +290,7 @@ class Worker:
             self.retry(self.upload_weight, src, DeviceRange(handle, 0, src.nbytes))
             self.weight_handles.append(handle)
             self.weights[name] = self.bridge.wrap_for_tinygrad(handle, TensorViewSpec(w.shape, "float32"))
+        self.note_live()
 
     def upload_weight(self, src: HostRange, dst: DeviceRange) -> None:
         self.bridge.host_to_device(src, dst, release=False)  # kept: uploaded again after a restart
@@ -318,6 +329,10 @@ class Worker:
             job.stage = "alloc"
         self.upload_weights()
 
+    def note_live(self) -> None:
+        """Track the peak of live allocations (called where the worker allocates, not per pass)."""
+        self.peak_live = max(self.peak_live, self.bridge.stats()["live_allocations"])
+
     def take_slot(self) -> Slot | None:
         """A slot from the pool, or a new one while the window allows; None for now (retried)."""
         if self.free_slots:
@@ -336,6 +351,7 @@ class Worker:
             self.reported(self.bridge.free_device, x)
             return None
         self.slots += 1
+        self.note_live()
         return Slot(x, y, self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view))
 
     # ------------------------------------------------------------ one object
