@@ -139,7 +139,7 @@ class TinygradBackend:
         except Exception as e:
             raise BackendError(f"{self.device}: copy_in failed: {e}") from e
         # the device queue holds the copy until its timeline passes the value taken now
-        return _done("copy_in") if sync else TinygradToken("copy_in", probe=tg.marker(self.device), gate=self._gate)
+        return _DONE_IN if sync else TinygradToken("copy_in", probe=tg.marker(self.device), gate=self._gate)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
         buf = self._buffer(buffer)
@@ -153,7 +153,7 @@ class TinygradBackend:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
         except Exception as e:
             raise BackendError(f"{self.device}: copy_out failed: {e}") from e
-        return _done("copy_out") if sync else TinygradToken("copy_out", probe=lambda: True, gate=self._gate)
+        return _DONE_OUT if sync else TinygradToken("copy_out", probe=lambda: True, gate=self._gate)
 
     def compute(self, buffers: Sequence[object]) -> object:
         return TinygradToken("compute", probe=self._marker())

@@ -64,10 +64,6 @@ class InFlight:
     after: set[int] | None = None  # earlier uses in flight it follows: held while any (None: none, ever)
     followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
 
-    @property
-    def held(self) -> bool:
-        return bool(self.after)
-
 
 @dataclass(frozen=True, slots=True)
 class Effects:
@@ -160,10 +156,6 @@ class LifecycleCore:
         """The uses in flight that the allocation's memory must outlive."""
         return [u for u in self._inflight.values() if alloc_id in u.allocations]
 
-    def hazard(self, earlier: str, later: str) -> str | None:
-        """The spec's hazard between two kinds of use (None: no edge needed)."""
-        return self._hazards[(earlier, later)]
-
     def conflicts(
         self, kind: str, handles: Iterable[tuple[int, int]], span: tuple[int, int] | None = None
     ) -> list[InFlight]:
@@ -228,7 +220,7 @@ class LifecycleCore:
     ) -> InFlight:
         """Record a use of each distinct handle, all or nothing. It follows every earlier use in
         flight it conflicts with (ORDER-1; `before`, if the caller already asked `conflicts`):
-        while `held`, the Bridge must not submit it."""
+        while its `after` is not empty, the Bridge must not submit it."""
         unique = tuple(dict.fromkeys(handles))
         event = USE_EVENTS[kind][0]
         if len(unique) > 1:  # all or nothing; one handle's fire() checks before it changes anything
