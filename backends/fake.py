@@ -113,6 +113,9 @@ class FakeBackend:
             raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
         self.capacity = size
         self.run_on_wait = _bool_arg("run_on_wait", run_on_wait)
+        #: While True, an asynchronous copy that is not armed to fail finishes at submission (its
+        #: token is done on return), as the tinygrad backend does with a small copy to an idle CPU.
+        self.finish_at_once = False
         self.generation = 0
         self.calls: list[Call] = []
         self.violations: list[str] = []
@@ -359,7 +362,7 @@ class FakeBackend:
                 )
 
     def _submit(self, ev: FakeEvent, sync: bool) -> FakeEvent:
-        if not sync:
+        if not (sync or (self.finish_at_once and not ev.fail)):
             return ev
         if ev.fail:
             ev.status = Status(True, f"fake: {ev.op} failed")

@@ -39,9 +39,9 @@ def raw_pipeline(objects: int, seed: int = 0) -> float:
     out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
     start = time.perf_counter()
     for k in range(objects):
-        tg.copy_in(xb, 0, memoryview(inputs[k]).cast("B"))  # the allocator's _copyin
+        tg.copy_in(xb, 0, inputs[k].data.cast("B"))  # the allocator's _copyin
         step(x, *weights, y)
-        tg.copy_out(memoryview(out).cast("B"), yb, 0)  # the allocator's _copyout
+        tg.copy_out(out.data.cast("B"), yb, 0)  # the allocator's _copyout
     seconds = time.perf_counter() - start
     expected = inputs[-1] @ make_weights(seed, shapes)["w1"]  # a sanity check that it computed
     assert np.isfinite(out).all() and expected.shape == (shapes.rows, shapes.hidden)

@@ -34,7 +34,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from devbridge.backends.base import Backend, BackendError, Status
+from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
     BackendFailureError,
     BridgeError,
@@ -178,13 +178,14 @@ class Bridge:
                             raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
                     self._counts["copies_in"] += 1
                     self._counts["bytes_in"] += src.nbytes
-                    if sync:  # done already: one composite step, nothing in flight (H2D-2)
+                    if (status := self._first_status(token, sync)) == OK:
+                        # done already: one composite step, nothing in flight (H2D-2)
                         use_id = self._core.instant("copy_in", key)
                         src.ring.read_done(src, release)
                         return self._done(CopyEvent(self, use_id, token, src, dst))
                     use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span, before=before)
                     src.ring.begin_read(src)
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst))
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst), status)
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -210,13 +211,13 @@ class Bridge:
                             raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
                     self._counts["copies_out"] += 1
                     self._counts["bytes_out"] += dst.nbytes
-                    if sync:  # done already: the output is valid (D2H-2)
+                    if (status := self._first_status(token, sync)) == OK:  # done already: output valid (D2H-2)
                         use_id = self._core.instant("copy_out", key)
                         dst.ring.write_done(dst)
                         return self._done(CopyEvent(self, use_id, token, src, dst))
                     use = self._core.begin("copy_out", [key], host=dst, span=span, before=before)
                     dst.ring.begin_write(dst)
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst))
+                    return self._submitted(CopyEvent(self, use.id, token, src, dst), status)
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -292,7 +293,7 @@ class Bridge:
             finished = self._drain()
             for event in list(self._pending.values()):
                 if self._ready(event):
-                    status = self._query(event)
+                    status = self._query(event.backend_token)
                     if status.done:
                         self._finish(event, status)
                         finished += 1
@@ -450,14 +451,21 @@ class Bridge:
         assert record is not None, "the core refuses dead allocations"
         return key, record
 
-    def _submitted(self, event: CopyEvent) -> CopyEvent:
-        """An asynchronous copy: tracked until done; finished at once if the backend already is."""
+    def _first_status(self, token: object, sync: bool) -> Status | None:
+        """A copy's status on submission: OK for a synchronous one; for an asynchronous one the
+        backend's answer to one query (done already: it takes the synchronous copy's fused step);
+        None for one held back (no token)."""
+        if token is None:
+            return None
+        return OK if sync else self._query(token)
+
+    def _submitted(self, event: CopyEvent, status: Status | None) -> CopyEvent:
+        """An asynchronous copy in flight, tracked until done (`status`: its first query; a
+        failed one settles it at once)."""
         self._track(event)
-        if event.backend_token is None:  # held back: launched when its predecessors end
+        if status is None:  # held back: launched when its predecessors end
             self._counts["held"] += 1
-            return event
-        status = self._query(event)
-        if status.done:
+        elif status.done:
             self._finish(event, status)
         return event
 
@@ -553,15 +561,15 @@ class Bridge:
 
     def _refresh_submitted(self, event: Event) -> None:
         if event.use_id in self._pending and self._ready(event):
-            status = self._query(event)
+            status = self._query(event.backend_token)
             if status.done:
                 self._finish(event, status)
 
-    def _query(self, event: Event) -> Status:
-        """The backend's status of the event; a failed query settles it as failed (the
+    def _query(self, token: object) -> Status:
+        """The backend's status of an event's token; a failed query settles it as failed (the
         protocol: a backend raises only for work it will not touch again)."""
         try:
-            return self._backend.query(event.backend_token)
+            return self._backend.query(token)
         except BackendError as e:
             return Status(True, f"querying the backend failed: {e}")
 

@@ -49,11 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--no-progress", action="store_true")
+    commands.add_parser(
+        "bench", help="every speed and memory goal, bridge beside raw tinygrad (see bench -h)", add_help=False
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["docs"]:
         from devbridge.docs import main as docs_main
 
         return docs_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from devbridge.bench.suite import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)

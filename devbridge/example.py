@@ -79,7 +79,7 @@ def run_example(
         out = outputs.reserve(nbytes)
         download = bridge.device_to_host(DeviceRange(y, 0, nbytes), out, sync=False)
         bridge.free_device(x)
-        bridge.free_device(y)  # deferred: the download still reads y
+        bridge.free_device(y)  # deferred while the download reads y (a small one may be done already)
         settle(dev, download)
 
         result = np.frombuffer(outputs.view(out), dtype=np.float32)

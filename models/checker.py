@@ -40,6 +40,7 @@ Action = tuple[Any, ...]
 EXTENT = 8  # bytes per allocation
 UNALIGNED = 4  # a view offset the device cannot run on (VIEW-2)
 CHUNK = 4  # bytes per copy: each copy reserves a fresh range of this size
+AT_ONCE, LOST = "at_once", "lost"  # asynchronous copies the backend finishes at submission / whose first query fails
 RING = 1 << 16  # large enough never to fill within any bound: stream offsets never matter
 
 
@@ -109,8 +110,11 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
         # a failing free: this allocation's (at once) or the next release (deferred by its uses)
         actions += [("free", a, f) for f in can_fail if not (f and m._use_rejection(a))]
         if not busy:
-            actions += [("h2d", a, sync, f) for sync in (True, False) for f in can_fail]
-            actions += [("d2h", a, sync, f) for sync in (True, False) for f in can_fail]
+            for copy in ("h2d", "d2h"):
+                actions += [(copy, a, sync, f) for sync in (True, False) for f in can_fail]
+                actions += [(copy, a, AT_ONCE, f) for f in can_fail]  # the backend finishes it at submission
+                if faults_used < bound.faults:
+                    actions.append((copy, a, LOST))  # its first query (at submission) fails
             actions += [("compute", a, f) for f in can_fail]
             actions += [("wrap", a, 0), ("wrap", a, UNALIGNED)]
         actions += [("raw", a, "copy_end"), ("raw", a, "compute_end"), ("raw", a, "restart")]
@@ -154,17 +158,18 @@ def apply(s: Lockstep, action: Action) -> None:
         if action[2]:
             s.arm_free_fault()
         s.free(s.handles[action[1]])
-    elif kind == "h2d":
-        _, a, sync, fails = action
+    elif kind in ("h2d", "d2h"):
+        a, mode = action[1], action[2]
+        fails = action[3] if len(action) > 3 else False
+        sync = mode is True
+        extra = {"at_once": mode == AT_ONCE, "lost": mode == LOST}
         r = s.reserve(CHUNK)
         assert r is not None
-        s.fill(r, bytes(range(len(s.reservations), len(s.reservations) + CHUNK)))
-        s.host_to_device(r, s.handles[a], 0, sync, fails)
-    elif kind == "d2h":
-        _, a, sync, fails = action
-        r = s.reserve(CHUNK)
-        assert r is not None
-        s.device_to_host(s.handles[a], 0, r, sync, fails)
+        if kind == "h2d":
+            s.fill(r, bytes(range(len(s.reservations), len(s.reservations) + CHUNK)))
+            s.host_to_device(r, s.handles[a], 0, sync, fails, **extra)
+        else:
+            s.device_to_host(s.handles[a], 0, r, sync, fails, **extra)
     elif kind == "compute":
         s.compute([s.handles[action[1]]], action[2])
     elif kind == "wrap":
@@ -211,7 +216,7 @@ FAULTABLE = ("alloc", "free", "restart", "h2d", "d2h", "compute", "complete")
 
 
 def faults_in(path: Iterable[Action]) -> int:
-    return sum(1 for a in path if a[0] == "query" or (a[0] in FAULTABLE and a[-1] is True))
+    return sum(1 for a in path if a[0] == "query" or a[-1] == LOST or (a[0] in FAULTABLE and a[-1] is True))
 
 
 def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:

@@ -224,7 +224,7 @@ class ReferenceModel:
         return None
 
     def host_to_device(
-        self, src: range, a: int, offset: int, sync: bool, fails: bool, release: bool = True
+        self, src: range, a: int, offset: int, sync: bool, fails: bool, release: bool = True, at_once: bool = False
     ) -> int | Reject | Fail:
         self.armed = self.ran = False
         while True:  # a synchronous call checks again after running what it must follow
@@ -242,9 +242,11 @@ class ReferenceModel:
         if sync and use.fails:
             self.armed = True
             return Fail("DeviceCopyError", "COPY-F")  # the host bytes stay unreleased for a retry
-        return self._begin(use, sync)
+        return self._begin(use, sync, at_once)
 
-    def device_to_host(self, a: int, offset: int, dst: range, sync: bool, fails: bool) -> int | Reject | Fail:
+    def device_to_host(
+        self, a: int, offset: int, dst: range, sync: bool, fails: bool, at_once: bool = False
+    ) -> int | Reject | Fail:
         self.armed = self.ran = False
         while True:
             if rejected := self._use_rejection(a):
@@ -261,7 +263,7 @@ class ReferenceModel:
             self.failed |= set(dst)
             return Fail("OutputCopyError", "COPY-F")
         self.failed -= set(dst)
-        return self._begin(use, sync)
+        return self._begin(use, sync, at_once)
 
     def compute(self, allocs: list[int], fails: bool) -> int | Reject:
         self.armed = self.ran = False
@@ -455,9 +457,11 @@ class ReferenceModel:
 
     # ------------------------------------------------------------ mechanics
 
-    def _begin(self, use: Use, sync: bool) -> int:
+    def _begin(self, use: Use, sync: bool, at_once: bool = False) -> int:
         """Issue a use (a synchronous one or a compute follows nothing in flight by now); an
-        asynchronous one that must follow uses in flight is held back, and takes no fault."""
+        asynchronous one that must follow uses in flight is held back, and takes no fault.
+        `at_once`: the backend finishes a submitted asynchronous copy that does not fail at
+        submission, so it ends as a synchronous one does."""
         use.submitted = not self._blockers(use)
         use.fails = use.fails and use.submitted
         self.armed = use.fails
@@ -470,7 +474,7 @@ class ReferenceModel:
         for a in use.allocs:
             self.allocs[a].uses.add(u)
             self.allocs[a].used = True
-        if sync:
+        if sync or (at_once and use.submitted and not use.fails):
             self.finish(u)
         return u
 

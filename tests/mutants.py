@@ -259,3 +259,25 @@ def sync_copy_keeps_host_bytes() -> Iterator[None]:
     """The fused path of a synchronous input copy never releases its host bytes (H2D-2)."""
     with mock.patch.object(HostRing, "read_done", lambda self, *args, **kwargs: None):
         yield
+
+
+@mutant
+def async_copy_taken_as_done_at_submission() -> Iterator[None]:
+    """The fused path takes every submitted asynchronous copy as done at once, without asking the
+    backend: its host bytes are released (or its output made valid) before the data moved."""
+    with mock.patch.object(Bridge, "_first_status", lambda self, token, sync: None if token is None else OK):
+        yield
+
+
+@mutant
+def async_copy_failed_at_submission_taken_as_done() -> Iterator[None]:
+    """The fused path takes an asynchronous copy whose first query says done as a success, even
+    when it says failed (a lost query): the event reports success for bytes that never moved."""
+    original = Bridge._first_status
+
+    def first_status(self: Bridge, token: object, sync: bool) -> Any:
+        status = original(self, token, sync)
+        return OK if status is not None and status.done else status
+
+    with mock.patch.object(Bridge, "_first_status", first_status):
+        yield

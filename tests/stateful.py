@@ -192,6 +192,21 @@ class BridgeMachine(RuleBasedStateMachine):
             self.s.device_to_host(handle, d_off, r, sync=False, fails=False, lost=True)
 
     @precondition(lambda self: self.s.handles and self.s.reservations)
+    @rule(i=index, off=index, n=index, h=index, dev=index, inward=st.booleans(), fails=fault, keep=fault)
+    def copy_done_at_once(
+        self, i: int, off: int, n: int, h: int, dev: int, inward: bool, fails: bool, keep: bool
+    ) -> None:
+        """An asynchronous copy the backend finishes at submission (tinygrad: a small copy to an
+        idle CPU device) takes the synchronous copy's fused step; one held back or armed to fail
+        stays in flight."""
+        handle, r, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        if inward:
+            self.s.host_to_device(r, handle, d_off, sync=False, fails=fails, release=not keep, at_once=True)
+        else:
+            self.s.device_to_host(handle, d_off, r, sync=False, fails=fails, at_once=True)
+        self.probe_end(handle, "compute_end")
+
+    @precondition(lambda self: self.s.handles and self.s.reservations)
     @rule(i=index, off=index, n=index, h=index, dev=index, shift=st.integers(-4, 4), seed=st.integers(0, 255))
     def fill_during_input_copy(self, i: int, off: int, n: int, h: int, dev: int, shift: int, seed: int) -> None:
         """A producer writing host bytes an asynchronous input copy still reads (all or some of

@@ -24,7 +24,7 @@ def test_default_bound_is_explored_with_no_violation_and_covers_the_spec() -> No
     report = check(Bound())
     assert report.violation is None
     assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
-    assert (report.states, report.transitions, report.depth) == (14292, 81729, 6)
+    assert (report.states, report.transitions, report.depth) == (14464, 98667, 6)
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
@@ -79,7 +79,7 @@ def test_cli_reports_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--depth", "3", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"bound: {Bound(depth=3)}" in out  # the CLI's defaults are Bound's
-    assert "distinct states: 164   transitions: 397   depth reached: 3" in out
+    assert "distinct states: 168   transitions: 519   depth reached: 3" in out
     assert "spec candidates outside this bound:" in out  # depth 3 is too shallow for all of them
 
 

@@ -15,6 +15,7 @@ from devbridge import (
     OutputNotReadyError,
     RangeError,
 )
+from devbridge.backends.base import Status
 from devbridge.backends.fake import GUARD, GUARD_BYTE, Call, FakeBackend, FakeViolation
 
 
@@ -354,3 +355,57 @@ def test_flags_that_are_not_bools_are_refused(bridge: Bridge, fake: FakeBackend,
             call()
         assert e.value.rule == "ARG-1"
     assert snapshot(bridge, fake, ring, [h]) == before
+
+
+def recorded_queries(fake: FakeBackend) -> list[object]:
+    """The tokens `fake` is queried for, in order, from now on."""
+    queries: list[object] = []
+    original = fake.query
+
+    def query(token: object) -> Status:
+        queries.append(token)
+        return original(token)
+
+    fake.query = query  # type: ignore[method-assign]
+    return queries
+
+
+@pytest.mark.holds("H2D-2", "D2H-2")
+@pytest.mark.parametrize("release", [True, False])
+def test_an_async_copy_the_backend_finishes_at_submission_ends_as_a_sync_copy_does(release: bool) -> None:
+    """One query at submission; done already: the synchronous copy's fused step, nothing tracked."""
+    results = []
+    for sync in (True, False):
+        fake = FakeBackend()
+        bridge, ring = Bridge(fake), HostRing(64)
+        h = bridge.alloc_device(U8, 16)
+        src, out = put(ring, b"at once!"), ring.reserve(8)
+        fake.finish_at_once = True
+        queries = recorded_queries(fake)
+        ev_in = bridge.host_to_device(src, DeviceRange(h, 4, 8), sync=sync, release=release)
+        ev_out = bridge.device_to_host(DeviceRange(h, 4, 8), out, sync=sync)
+        assert ev_in.done() and ev_out.done() and ev_in.error is None and ev_out.error is None
+        assert bytes(ring.view(out)) == b"at once!" and ring.released(src) is release
+        assert queries == ([] if sync else [ev_in.backend_token, ev_out.backend_token])
+        calls = [(c.op, c.offset, c.nbytes, c.sync) for c in fake.calls[1:]]
+        assert fake.calls[0].op == "alloc" and calls == [("copy_in", 4, 8, sync), ("copy_out", 4, 8, sync)]
+        results.append((bridge.state(h), bridge.stats(), ring.snapshot()))
+    (sync_state, sync_stats, sync_ring), (async_state, async_stats, async_ring) = results
+    assert async_state == sync_state == "idle" and async_ring == sync_ring
+    assert async_stats == sync_stats and async_stats["pending_events"] == 0
+
+
+@pytest.mark.holds("COPY-F")
+def test_an_async_copy_armed_to_fail_stays_in_flight_when_the_backend_finishes_others_at_once(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    src = put(ring, b"12345678")
+    fake.finish_at_once = True
+    fake.fail_next("copy_in")
+    ev = bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False)
+    assert not ev.done() and bridge.state(h) == "copying" and not ring.released(src)
+    fake.complete(ev)
+    with pytest.raises(DeviceCopyError, match=r"\[COPY-F\]"):
+        ev.wait()
+    assert not ring.released(src) and bytes(fake.buffer(0).data) == bytes(8)

@@ -15,7 +15,9 @@ def test_example_round_trip_verifies_every_object_and_leaves_nothing_behind(back
     report = run_example(objects=3, floats=64, backend=backend)
     assert (report.objects, report.verified, report.lost) == (3, 3, 0)
     assert (report.bytes_in, report.bytes_out) == (3 * 256, 3 * 256)
-    assert report.deferred_frees == 3  # y is freed while its download is in flight
+    # the fake finishes a download when told: y is freed while it is in flight; tinygrad's CPU
+    # device finishes a small copy at submission (idle device), so y is idle when it is freed
+    assert report.deferred_frees == {"fake": 3, "tinygrad": 0}[backend]
     assert report.calls == {
         "allocs": 6, "backend_frees": 6, "copies_in": 3, "copies_out": 3, "computes": 3, "views": 6,
     }  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends import tinygrad_compat as tg
-from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.backends.tinygrad import INLINE_MAX_BYTES, TinygradBackend, TinygradToken
 
 F32 = ObjectSpec("x", "float32")
 
@@ -52,6 +52,8 @@ def test_async_copy_overlaps_compute_and_releases_only_at_completion() -> None:
     a, b = bridge.alloc_device(F32, 1 << 18), bridge.alloc_device(F32, 64 * 64 * 4)
     src = ring.reserve(1 << 18)
     ring.view(src)[:] = np.arange(1 << 16, dtype=np.float32).tobytes()
+    zeros = ring.reserve(64 * 64 * 4)  # tinygrad's LRU cache may hand b over dirty: zero it
+    bridge.host_to_device(zeros, DeviceRange(b, 0, 64 * 64 * 4))
     bv = bridge.wrap_for_tinygrad(b, TensorViewSpec((64, 64), "float32"))
     with backend.hold_copies():  # the copy thread is held at the start of the copy
         ev = bridge.host_to_device(src, DeviceRange(a, 0, 1 << 18), sync=False)
@@ -61,7 +63,7 @@ def test_async_copy_overlaps_compute_and_releases_only_at_completion() -> None:
         assert not ev.done() and not ring.released(src) and bridge.state(a) == "copying"
         np.testing.assert_array_equal(bv.numpy(), np.ones((64, 64), dtype=np.float32))
     ev.wait(timeout=30)
-    assert ring.released(src) and ring.cursor == src.end
+    assert ring.released(src) and ring.cursor == zeros.end  # the zeros were released on return
     out = ring.reserve(1 << 18)
     bridge.device_to_host(DeviceRange(a, 0, 1 << 18), out)
     np.testing.assert_array_equal(np.frombuffer(ring.view(out), dtype=np.float32), np.arange(1 << 16))
@@ -69,20 +71,75 @@ def test_async_copy_overlaps_compute_and_releases_only_at_completion() -> None:
 
 def test_copy_thread_completions_reach_the_bridge_from_another_thread() -> None:
     backend = TinygradBackend("CPU")
-    bridge, ring = Bridge(backend), HostRing(1 << 16)
-    x = bridge.alloc_device(ObjectSpec("b", "uint8"), 4096)
+    n = INLINE_MAX_BYTES + 256  # larger than a copy made at submission: the copy thread runs them
+    bridge, ring = Bridge(backend), HostRing(16 * n)
+    x = bridge.alloc_device(ObjectSpec("b", "uint8"), 16 * n)
     events = []
     for i in range(16):
-        src = ring.reserve(256)
-        ring.view(src)[:] = bytes([i]) * 256
-        events.append((bridge.host_to_device(src, DeviceRange(x, 256 * i, 256), sync=False), src))
+        src = ring.reserve(n)
+        ring.view(src)[:] = bytes([i]) * n
+        events.append((bridge.host_to_device(src, DeviceRange(x, n * i, n), sync=False), src))
+    assert all(isinstance(ev.backend_token, TinygradToken) and ev.backend_token.future for ev, _ in events)
     for ev, src in events:
         ev.wait(timeout=30)
         assert ring.released(src)
     assert threading.active_count() >= 2 and bridge.stats()["pending_events"] == 0
-    out = ring.reserve(4096)
-    bridge.device_to_host(DeviceRange(x, 0, 4096), out)
-    assert bytes(ring.view(out)) == b"".join(bytes([i]) * 256 for i in range(16))
+    out = ring.reserve(16 * n)
+    bridge.device_to_host(DeviceRange(x, 0, 16 * n), out)
+    assert bytes(ring.view(out)) == b"".join(bytes([i]) * n for i in range(16))
+
+
+def test_small_async_copies_to_an_idle_cpu_finish_at_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to INLINE_MAX_BYTES on an idle CPU device an asynchronous copy is a memmove made at once
+    (done on return, no copy thread); larger, held (hold_copies) or with work queued, it goes to
+    the copy thread. Byte-exact either way."""
+    backend = TinygradBackend("CPU")
+    size = 2 * INLINE_MAX_BYTES
+    bridge, ring = Bridge(backend), HostRing(8 * size)
+    h = bridge.alloc_device(ObjectSpec("blob", "uint8"), size)
+    record = bridge._core.allocation(h.id)
+    assert record is not None
+    counted = CountingCopies(monkeypatch, record.memory)
+    rng = np.random.default_rng(3)
+    expected = bytearray(size)
+    bridge.host_to_device(ring.reserve(size), DeviceRange(h, 0, size))  # memory is not zeroed on allocation
+
+    def copy(n: int, *, at_once: bool) -> None:
+        offset = int(rng.integers(0, size - n + 1))
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        src = ring.reserve(n)
+        ring.view(src)[:] = data
+        direct = backend.direct_copies
+        ev = bridge.host_to_device(src, DeviceRange(h, offset, n), sync=False)
+        token = ev.backend_token
+        assert isinstance(token, TinygradToken) and (token.future is None) is at_once
+        if at_once:  # (the copy thread may finish one just as fast: only the route is certain then)
+            assert ev.done() and ring.released(src)
+        assert backend.direct_copies == direct + at_once
+        ev.wait(timeout=30)
+        expected[offset : offset + n] = data
+        out = ring.reserve(n)
+        back = bridge.device_to_host(DeviceRange(h, offset, n), out, sync=False)
+        assert back.done() or not at_once
+        back.wait(timeout=30)
+        assert bytes(ring.view(out)) == data
+        ring.release(out)
+
+    for n in (1, 64, 4096, INLINE_MAX_BYTES):
+        copy(n, at_once=True)
+    copy(INLINE_MAX_BYTES + 1, at_once=False)
+    with backend.hold_copies():
+        src = ring.reserve(64)
+        held = bridge.host_to_device(src, DeviceRange(h, 0, 64), sync=False)
+        assert not held.done() and isinstance(held.backend_token, TinygradToken) and held.backend_token.future
+    held.wait(timeout=30)
+    expected[:64] = bytes(64)  # the ring's bytes there were zero
+    monkeypatch.setattr(backend, "_idle", lambda: False)  # work queued: the copy thread, not a memmove
+    copy(64, at_once=False)
+    assert counted.calls == []  # neither way goes through the allocator
+    out = ring.reserve(size)
+    bridge.device_to_host(DeviceRange(h, 0, size), out)
+    assert bytes(ring.view(out)) == bytes(expected)
 
 
 def test_free_parks_the_buffer_until_the_device_is_done_and_views_keep_memory_alive() -> None:

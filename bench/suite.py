@@ -1,0 +1,229 @@
+"""Every speed and memory goal in one run: `devbridge bench` (or `python bench/suite.py`).
+
+Each row measures the bridge and its raw counterpart in one process, side by
+side: every round runs both (the raw side first in even rounds, second in odd
+ones) and the row reports the medians over the rounds. Raw sides are tinygrad's
+own allocator (`_copyin`, `Buffer.allocate/deallocate`) and a raw tinygrad
+pipeline with no lifecycle; numpy's memcpy of the same bytes is shown for
+scale. A benchmark, not a test: run it on a quiet machine.
+
+    devbridge bench [--rounds 5] [--quick] [--json] [--device CPU]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
+from devbridge.backends import tinygrad_compat as tg
+from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.bench import pipeline, scaling
+from devbridge.worker import run_demo
+
+Call = Callable[[], object]
+SPEC = ObjectSpec("bench", "uint8")
+
+
+@dataclass
+class Row:
+    """One goal: the bridge's figure, its raw counterpart's, their ratio and the goal's bound."""
+
+    path: str
+    bridge: float
+    raw: float
+    unit: str
+    ratio: float
+    goal: str  # "<= 1.03" or ">= 0.8"
+    rounds: list[tuple[float, float]]  # (bridge, raw) per round
+
+    @property
+    def met(self) -> bool:
+        op, bound = self.goal.split()
+        return self.ratio <= float(bound) if op == "<=" else self.ratio >= float(bound)
+
+
+def per_call(fn: Call, calls: int) -> float:
+    """Seconds per call of `calls` calls in a row."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def side_by_side(
+    path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, unit: str, goal: str, scale: float
+) -> Row:
+    """Run `bridge` and `raw` (each returns one round's figure) alternately, `rounds` times each,
+    after one warm-up round; the medians and the ratio of the medians."""
+    bridge(), raw()
+    pairs: list[tuple[float, float]] = []
+    for k in range(rounds):
+        if k % 2:
+            b = bridge()
+            r = raw()
+        else:
+            r = raw()
+            b = bridge()
+        pairs.append((b * scale, r * scale))
+    b, r = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    return Row(path, b, r, unit, b / r, goal, pairs)
+
+
+class CopyBench:
+    """A bridge, a ring and an allocation of `nbytes`, beside a raw tinygrad Buffer of the same size."""
+
+    def __init__(self, device: str, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.bridge = Bridge(TinygradBackend(device))
+        self.ring = HostRing(max(4, (1 << 16) // nbytes) * nbytes)
+        self.handle = self.bridge.alloc_device(SPEC, nbytes)
+        self.target = DeviceRange(self.handle, 0, nbytes)
+        self.payload = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8).tobytes()
+        whole = self.ring.reserve(self.ring.capacity)  # every slice of nbytes the copies reserve holds the payload
+        self.ring.view(whole)[:] = self.payload * (self.ring.capacity // nbytes)
+        self.raw_src = self.ring.raw(whole.sub(0, nbytes))  # the raw side reads ring memory too (one slice)
+        self.ring.release(whole)
+        self.raw_buf = tg.allocate(device, nbytes)
+
+    def sync(self) -> None:
+        self.bridge.host_to_device(self.ring.reserve(self.nbytes), self.target)
+
+    def async_wait(self) -> None:
+        self.bridge.host_to_device(self.ring.reserve(self.nbytes), self.target, sync=False).wait()
+
+    def raw(self) -> None:
+        self.raw_buf.allocator._copyin(self.raw_buf._buf, self.raw_src)
+
+    def check(self) -> None:
+        """The bridge's copies landed: the device bytes are the ring's."""
+        out = memoryview(bytearray(self.nbytes))
+        record = self.bridge._core.allocation(self.handle.id)
+        assert record is not None and isinstance(record.memory, tg.Buffer)
+        tg.copy_out(out, record.memory, 0)
+        assert bytes(out) == self.payload
+
+
+def calls_for(nbytes: int, quick: bool) -> int:
+    calls = max(20, min(5000, (128 << 20) // nbytes // 4))
+    return max(5, calls // 20) if quick else calls
+
+
+def timed_row(path: str, bridge: Call, raw: Call, calls: int, rounds: int, goal: str) -> Row:
+    return side_by_side(path, lambda: per_call(bridge, calls), lambda: per_call(raw, calls), rounds, "µs", goal, 1e6)
+
+
+def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
+    rows = []
+    for nbytes, goal in ((64, "<= 1.0"), (1 << 20, "<= 1.03"), (16 << 20, "<= 1.03")):
+        b = CopyBench(device, nbytes)
+        path = f"sync host_to_device {_size(nbytes)} / raw _copyin"
+        rows.append(timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal))
+        b.check()
+    b = CopyBench(device, 64)
+    path = "async host_to_device 64 B + wait() / sync 64 B"
+    rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.5"))
+    b.check()
+    return rows
+
+
+def alloc_row(device: str, rounds: int, quick: bool) -> Row:
+    nbytes, calls = 1 << 20, 50 if quick else 1000
+    bridge = Bridge(TinygradBackend(device))
+
+    def via_bridge() -> None:
+        bridge.free_device(bridge.alloc_device(SPEC, nbytes))
+
+    def raw() -> None:
+        tg.allocate(device, nbytes).deallocate()  # type: ignore[no-untyped-call]
+
+    path = "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate"
+    return timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5")
+
+
+def worker_row(rounds: int, quick: bool) -> Row:
+    objects = 100 if quick else 1000
+
+    def worker() -> float:
+        summary = run_demo(objects=objects)
+        assert summary.clean, summary
+        return summary.objects_per_s
+
+    return side_by_side(
+        f"reference worker / raw tinygrad pipeline ({objects} objects, objects/s)",
+        worker, lambda: pipeline.raw_pipeline(objects), rounds, "obj/s", ">= 0.8", 1.0,
+    )  # fmt: skip
+
+
+def scaling_rows(rounds: int, quick: bool) -> list[Row]:
+    live, calls = (10_000, 2000) if quick else (100_000, 20000)
+    many = scaling.Setup(live)
+    few = scaling.Setup(10)
+    path = f"per-op cost (reserve + sync copy, null backend) at {live:,} live / at 10 live"
+    cost = timed_row(path, many.copy, few.copy, calls, rounds, "<= 1.2")
+    per_alloc = scaling.bytes_per_allocation(live)
+    memory = Row(
+        "bookkeeping per live allocation / 1 KiB", per_alloc, 1024, "B", per_alloc / 1024, "<= 1.0", [(per_alloc, 1024)]
+    )
+    return [cost, memory]
+
+
+def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list[Row]:
+    rows: list[Row] = []
+    parts: dict[str, Callable[[], list[Row]]] = {
+        "copies": lambda: copy_rows(device, rounds, quick),
+        "alloc": lambda: [alloc_row(device, rounds, quick)],
+        "scaling": lambda: scaling_rows(rounds, quick),
+        "worker": lambda: [worker_row(rounds, quick)],
+    }
+    for name, part in parts.items():
+        if not only or name in only:
+            rows += part()
+    return rows
+
+
+def table(rows: Sequence[Row], rounds: int, device: str) -> str:
+    lines = [
+        f"devbridge bench on {device}: medians of {rounds} interleaved rounds",
+        f"{'path':<76} {'bridge':>10} {'raw':>10} {'unit':>5} {'ratio':>6} {'goal':>8} {'met':>4}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.path:<76} {r.bridge:>10.2f} {r.raw:>10.2f} {r.unit:>5} {r.ratio:>6.2f} {r.goal:>8} "
+            f"{'yes' if r.met else 'no':>4}"
+        )
+    return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="devbridge bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="CPU")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default 5)")
+    parser.add_argument("--quick", action="store_true", help="few calls per round: checks that it runs, not speed")
+    parser.add_argument("--only", action="append", choices=("copies", "alloc", "scaling", "worker"), default=[])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    rows = run(args.device, args.rounds, args.quick, args.only)
+    if args.json:
+        print(json.dumps({"device": args.device, "rounds": args.rounds, "rows": [asdict(r) for r in rows]}))
+    else:
+        print(table(rows, args.rounds, args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""`devbridge bench` runs every row of the speed goals (a smoke run: it checks rows, never times)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devbridge.bench.suite import Row
+from devbridge.cli import main
+
+
+def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--rounds", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "CPU" and report["rounds"] == 2
+    paths = [row["path"] for row in report["rows"]]
+    assert paths == [
+        "sync host_to_device 64 B / raw _copyin",
+        "sync host_to_device 1 MiB / raw _copyin",
+        "sync host_to_device 16 MiB / raw _copyin",
+        "async host_to_device 64 B + wait() / sync 64 B",
+        "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate",
+        "per-op cost (reserve + sync copy, null backend) at 10,000 live / at 10 live",
+        "bookkeeping per live allocation / 1 KiB",
+        "reference worker / raw tinygrad pipeline (100 objects, objects/s)",
+    ]
+    measured = [row for row in report["rows"] if not row["path"].startswith("bookkeeping")]
+    for row in measured:  # two rounds of (bridge, raw), their medians and the medians' ratio
+        assert len(row["rounds"]) == 2 and all(b > 0 and r > 0 for b, r in row["rounds"])
+        assert row["bridge"] == pytest.approx(sum(b for b, _ in row["rounds"]) / 2)
+        assert row["ratio"] == pytest.approx(row["bridge"] / row["raw"])
+
+
+@pytest.mark.parametrize(("ratio", "goal", "met"), [(1.0, "<= 1.0", True), (1.01, "<= 1.0", False),
+                                                    (0.8, ">= 0.8", True), (0.79, ">= 0.8", False)])  # fmt: skip
+def test_a_row_meets_its_goal_by_the_goals_own_bound(ratio: float, goal: str, met: bool) -> None:
+    assert Row("p", ratio, 1.0, "µs", ratio, goal, []).met is met
+
+
+def test_bench_refuses_a_round_count_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--rounds", "0"])
+    assert e.value.code == 2 and "--rounds must be at least 1" in capsys.readouterr().err
