@@ -36,7 +36,7 @@ compute() wait for the copies in flight on its allocations.
 
 Release and tinygrad's LRU cache: `free` means the bridge gives up its
 ownership. The Buffer is parked until the device has finished the work
-queued before the free, then dropped; tinygrad returns the memory to its LRU
+queued before the free, then dropped (on an idle CPU device, at once); tinygrad returns the memory to its LRU
 cache only once no tinygrad object (a view, a lazy graph built on one)
 refers to it any more. So a reused address is never visible through an old
 view, and old handles never reach the backend (the Bridge rejects them).
@@ -109,6 +109,7 @@ class TinygradBackend:
         self._gate = threading.Event()
         self._gate.set()
         self._idle = tg.idle_probe(self.device)  # CPU: synchronous copies skip an idle device's synchronize
+        self._markers = tg.markers(self.device)
         self.direct_copies = 0  # synchronous copies made by memmove on an idle CPU device
 
     # ------------------------------------------------------------ Backend protocol
@@ -124,9 +125,12 @@ class TinygradBackend:
             raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
 
     def free(self, buffer: object) -> None:
+        buf = self._buffer(buffer)
+        if self._idle is not None and self._idle():
+            return  # nothing queued can still use it: dropped now
         probe = self._marker()
         with self._lock:
-            self._parked.append((probe, self._buffer(buffer)))
+            self._parked.append((probe, buf))
         self._reap()
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
@@ -142,7 +146,7 @@ class TinygradBackend:
         except Exception as e:
             raise BackendError(f"{self.device}: copy_in failed: {e}") from e
         # the device queue holds the copy until its timeline passes the value taken now
-        return _DONE_IN if sync else TinygradToken("copy_in", probe=tg.marker(self.device), gate=self._gate)
+        return _DONE_IN if sync else TinygradToken("copy_in", probe=self._marker(), gate=self._gate)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
         buf = self._buffer(buffer)
@@ -235,7 +239,7 @@ class TinygradBackend:
 
     def _marker(self) -> Probe:
         try:
-            return tg.marker(self.device)
+            return self._markers()
         except Exception as e:
             raise BackendError(f"{self.device}: cannot mark the end of queued work: {e}") from e
 
@@ -284,6 +288,8 @@ class TinygradBackend:
             listener(token)
 
     def _reap(self) -> None:
+        if not self._parked:  # (a racy read: a buffer parked meanwhile waits for the next call)
+            return
         with self._lock:
             self._parked = [(probe, buf) for probe, buf in self._parked if not probe()]
 

@@ -147,26 +147,45 @@ def view_anchor(view: Tensor) -> Buffer:
     return buffer
 
 
-def marker(device: str) -> Callable[[], bool]:
-    """A probe that is true once all work queued on `device` so far has finished."""
+def markers(device: str) -> Callable[[], Callable[[], bool]]:
+    """A maker of markers for `device`: each marker is a probe that is true once all work queued on
+    the device before it was made has finished. The device's signals are looked up once, here."""
     dev: Any = Device[device]
     if hasattr(dev, "timeline_signal") and hasattr(dev, "timeline_value"):  # HCQ: NV, AMD, QCOM
-        signal, target = dev.timeline_signal, dev.timeline_value - 1
-        return lambda: bool(signal.value >= target)
+
+        def hcq() -> Callable[[], bool]:
+            signal, target = dev.timeline_signal, dev.timeline_value - 1
+            return lambda: bool(signal.value >= target)
+
+        return hcq
     if hasattr(dev, "signal") and hasattr(dev, "_wait_signal"):  # HCQ2: CPU
         sig = dev.signal("timeline")._buf.cpu_view().view(fmt="Q")
-        target = dev.signal("value", 1, device="CPU")._buf.cpu_view().view(fmt="Q")[0] - 1
-        return lambda: bool(sig[0] >= target)
-    synced = False
+        value = dev.signal("value", 1, device="CPU")._buf.cpu_view().view(fmt="Q")
 
-    def synchronize() -> bool:  # CUDA, METAL, ...: no cheap query; synchronize once
-        nonlocal synced
-        if not synced:
-            dev.synchronize()
-            synced = True
-        return True
+        def hcq2() -> Callable[[], bool]:
+            target = value[0] - 1
+            return lambda: bool(sig[0] >= target)
 
-    return synchronize
+        return hcq2
+
+    def synchronizing() -> Callable[[], bool]:  # CUDA, METAL, ...: no cheap query; synchronize once
+        synced = False
+
+        def synchronize() -> bool:
+            nonlocal synced
+            if not synced:
+                dev.synchronize()
+                synced = True
+            return True
+
+        return synchronize
+
+    return synchronizing
+
+
+def marker(device: str) -> Callable[[], bool]:
+    """A probe that is true once all work queued on `device` so far has finished."""
+    return markers(device)()
 
 
 def synchronize(device: str) -> None:
@@ -190,6 +209,7 @@ __all__ = [
     "host_bytes",
     "idle_probe",
     "marker",
+    "markers",
     "open_device",
     "synchronize",
     "tensor_view",

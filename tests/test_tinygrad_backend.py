@@ -163,6 +163,26 @@ def test_free_parks_the_buffer_until_the_device_is_done_and_views_keep_memory_al
     assert backend.parked == 0
 
 
+def test_free_drops_the_buffer_at_once_on_an_idle_device_and_parks_it_while_work_is_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = TinygradBackend("CPU")
+    tg.synchronize("CPU")
+    backend.free(backend.alloc(64, "uint8"))
+    assert backend.parked == 0
+    monkeypatch.setattr(backend, "_idle", lambda: False)  # work queued: it may still use the buffer
+    queued = [False]  # the marker taken at the free: done once the device finished that work
+    monkeypatch.setattr(backend, "_markers", lambda: lambda: queued[0])
+    backend.free(backend.alloc(64, "uint8"))
+    backend.free(backend.alloc(64, "uint8"))
+    assert backend.parked == 2
+    backend.alloc(64, "uint8")  # every call reaps what the device finished with: not yet
+    assert backend.parked == 2
+    queued[0] = True
+    backend.alloc(64, "uint8")
+    assert backend.parked == 0
+
+
 def test_allocation_failure_maps_to_backend_error() -> None:
     from devbridge import DeviceAllocationError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from devbridge import worker as worker_module
@@ -55,6 +56,16 @@ def test_demo_exits_non_zero_on_a_wrong_output(
     monkeypatch.setattr(worker_module, "reference_mlp", lambda x, w: reference(x, w) + 1)
     assert main(["demo", "--objects", "3", "--backend", "fake", "--no-progress"]) == 1
     assert "wrong: 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("shift", "wrong"), [(0.0, 0), (2e-5, 0), (float("nan"), 3), (1e-2, 3)])
+def test_an_output_is_right_within_the_tolerance_of_numpys(
+    monkeypatch: pytest.MonkeyPatch, shift: float, wrong: int
+) -> None:
+    reference = worker_module.reference_mlp
+    monkeypatch.setattr(worker_module, "reference_mlp", lambda x, w: reference(x, w) + np.float32(shift))
+    summary = run_demo(objects=3, backend="fake")
+    assert (summary.delivered, summary.wrong) == (3, wrong)
 
 
 def test_demo_exits_non_zero_when_an_object_is_lost(
