@@ -265,19 +265,12 @@ class TinygradBackend:
         return sync or (nbytes <= INLINE_MAX_BYTES and self._gate.is_set())
 
     def _direct(self, buf: tg.Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
-        """A synchronous copy by memmove, where the device is host memory with no work queued (so
-        the allocator's synchronize would return at once); False to go through the allocator.
-        Copies in flight on the copy thread touch other bytes: the Bridge orders conflicting ones
-        (ORDER-1)."""
-        if self._idle is None or not self._idle():
+        """A copy by memmove, where the device is host memory with no work queued (so the
+        allocator's synchronize would return at once); False to go through the allocator or the
+        copy thread. Copies in flight on the copy thread touch other bytes: the Bridge orders
+        conflicting ones (ORDER-1)."""
+        if self._idle is None or not self._idle() or not tg.move_now(buf, offset, host, into_device=into_device):
             return False
-        device, address = tg.device_address(buf), tg.host_address(host)
-        if device is None or address is None:
-            return False
-        if into_device:
-            ctypes.memmove(device + offset, address, len(host))
-        else:
-            ctypes.memmove(address, device + offset, len(host))
         self.direct_copies += 1
         return True
 

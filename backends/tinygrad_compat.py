@@ -90,9 +90,33 @@ def idle_probe(device: str) -> Callable[[], bool] | None:
             counters[:] = [
                 tuple(getattr(w, x)._buf.cpu_view().view(fmt="Q") for x in ("put", "done")) for w in dev.workers
             ]
-        return all(done[0] >= put[0] for put, done in counters) and bool(timeline[0] >= value[0] - 1)
+        for put, done in counters:
+            if done[0] < put[0]:
+                return False
+        return bool(timeline[0] >= value[0] - 1)
 
     return idle
+
+
+def move_now(buffer: Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
+    """Copy between a host-memory device buffer (CPU) at `offset` and writable host bytes with one
+    `ctypes.memmove` (the allocator's copy without its synchronize: the caller knows the device
+    is idle); False, with nothing copied, where either side has no address."""
+    device = getattr(buffer._buf, "va_addr", None) if buffer.device.startswith("CPU") else None
+    try:
+        address = _addressof(_char_at(host))
+    except (TypeError, ValueError, BufferError):
+        return False
+    if device is None:
+        return False
+    if into_device:
+        ctypes.memmove(device + offset, address, len(host))
+    else:
+        ctypes.memmove(address, device + offset, len(host))
+    return True
+
+
+_addressof, _char_at = ctypes.addressof, ctypes.c_char.from_buffer
 
 
 def device_address(buffer: Buffer) -> int | None:
@@ -210,6 +234,7 @@ __all__ = [
     "idle_probe",
     "marker",
     "markers",
+    "move_now",
     "open_device",
     "synchronize",
     "tensor_view",

@@ -88,7 +88,9 @@ class CopyBench:
         self.payload = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8).tobytes()
         whole = self.ring.reserve(self.ring.capacity)  # every slice of nbytes the copies reserve holds the payload
         self.ring.view(whole)[:] = self.payload * (self.ring.capacity // nbytes)
-        self.raw_src = self.ring.raw(whole.sub(0, nbytes))  # the raw side reads ring memory too (one slice)
+        # the raw side reads the same ring slices, in the same order (memory the bridge's reservations cycle through)
+        self.raw_srcs = [self.ring.raw(whole.sub(k * nbytes, nbytes)) for k in range(self.ring.capacity // nbytes)]
+        self.next_raw = 0
         self.ring.release(whole)
         self.raw_buf = tg.allocate(device, nbytes)
 
@@ -99,7 +101,8 @@ class CopyBench:
         self.bridge.host_to_device(self.ring.reserve(self.nbytes), self.target, sync=False).wait()
 
     def raw(self) -> None:
-        self.raw_buf.allocator._copyin(self.raw_buf._buf, self.raw_src)
+        self.raw_buf.allocator._copyin(self.raw_buf._buf, self.raw_srcs[self.next_raw])
+        self.next_raw = (self.next_raw + 1) % len(self.raw_srcs)
 
     def check(self) -> None:
         """The bridge's copies landed: the device bytes are the ring's."""

@@ -168,7 +168,8 @@ class Bridge:
                 key, record = self._check_copy(src, dst, "H2D-1")
                 src.ring.check_source(src)
                 span = (dst.offset, dst.offset + dst.nbytes)
-                if not (before := self._core.conflicts("copy_in", [key], span)) or not sync:
+                before = self._core.conflicts("copy_in", [key], span) if record.accesses else []
+                if not before or not sync:
                     token = None  # held back behind `before` (ORDER-1)
                     if not before:
                         try:
@@ -178,7 +179,7 @@ class Bridge:
                             raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
                     self._counts["copies_in"] += 1
                     self._counts["bytes_in"] += src.nbytes
-                    if (status := self._first_status(token, sync)) == OK:
+                    if (status := self._first_status(token, sync)) is OK:
                         # done already: one composite step, nothing in flight (H2D-2)
                         use_id = self._core.instant("copy_in", key)
                         src.ring.read_done(src, release)
@@ -199,7 +200,8 @@ class Bridge:
                 key, record = self._check_copy(dst, src, "D2H-1")
                 dst.ring.check_dest(dst)
                 span = (src.offset, src.offset + src.nbytes)
-                if not (before := self._core.conflicts("copy_out", [key], span)) or not sync:
+                before = self._core.conflicts("copy_out", [key], span) if record.accesses else []
+                if not before or not sync:
                     token = None  # held back behind `before` (ORDER-1)
                     if not before:
                         try:
@@ -211,7 +213,7 @@ class Bridge:
                             raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
                     self._counts["copies_out"] += 1
                     self._counts["bytes_out"] += dst.nbytes
-                    if (status := self._first_status(token, sync)) == OK:  # done already: output valid (D2H-2)
+                    if (status := self._first_status(token, sync)) is OK:  # done already: output valid (D2H-2)
                         use_id = self._core.instant("copy_out", key)
                         dst.ring.write_done(dst)
                         return self._done(CopyEvent(self, use_id, token, src, dst))
@@ -457,7 +459,10 @@ class Bridge:
         None for one held back (no token)."""
         if token is None:
             return None
-        return OK if sync else self._query(token)
+        if sync:
+            return OK
+        status = self._query(token)
+        return OK if status.done and status.error is None else status
 
     def _submitted(self, event: CopyEvent, status: Status | None) -> CopyEvent:
         """An asynchronous copy in flight, tracked until done (`status`: its first query; a

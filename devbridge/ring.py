@@ -54,7 +54,7 @@ class HostRing:
             raise RangeError("RANGE-1", f"cannot allocate a ring of {size} B") from e
         self.capacity = size
         self._memory = memoryview(memory)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never taken twice: no locked method calls another
         self._head = 0
         # Unreleased bytes, one span per reservation (split by partial releases), sorted.
         self._starts: list[int] = []
@@ -143,16 +143,16 @@ class HostRing:
         """An input copy may read `r` (RING-3, D2H-3). Changes nothing."""
         with self._lock:
             self._check_live(r, "RING-3")
-            if _overlaps(self._writes, r):
+            if self._writes and _overlaps(self._writes, r):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are being written by a pending output copy")
-            if _overlaps(self._failed, r):
+            if self._failed and _overlaps(self._failed, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
 
     def check_dest(self, r: HostRange) -> None:
         """An output copy may write `r` (RING-3). Changes nothing."""
         with self._lock:
             self._check_live(r, "RING-3")
-            if _overlaps(self._reads, r) or _overlaps(self._writes, r):
+            if (self._reads and _overlaps(self._reads, r)) or (self._writes and _overlaps(self._writes, r)):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
 
     def raw(self, r: HostRange) -> memoryview:
@@ -179,11 +179,11 @@ class HostRing:
                 self._release_read(r)
 
     def _release_read(self, r: HostRange) -> None:
-        pieces = [(r.start, r.end)]
+        pieces = [(r.start, r.start + r.nbytes)]
         for span in self._reads:
             pieces = _minus(pieces, span)
         for s, e in pieces:
-            self._cut(HostRange._made(self, s, e - s))
+            self._cut_span(s, e)
 
     def begin_write(self, r: HostRange) -> None:
         with self._lock:
@@ -241,14 +241,22 @@ class HostRing:
             raise RangeError(rule, f"host bytes {_fmt(r)} are not reserved and unreleased in one reservation")
 
     def _cut(self, r: HostRange) -> None:
-        i = self._find(r)
-        assert i >= 0, f"releasing bytes that are not unreleased: {_fmt(r)}"
+        self._cut_span(r.start, r.start + r.nbytes)
+
+    def _cut_span(self, start: int, end: int) -> None:
+        """Release [start, end), which lies in one unreleased span (what is left of it stays)."""
+        i = bisect_right(self._starts, start) - 1
+        assert i >= 0 and end <= self._ends[i], f"releasing bytes that are not unreleased: [{start}, {end})"
         s, e = self._starts[i], self._ends[i]
-        del self._starts[i], self._ends[i]
-        for ps, pe in reversed([(s, r.start), (r.end, e)]):
-            if ps < pe:
-                self._starts.insert(i, ps)
-                self._ends.insert(i, pe)
+        if end < e:  # the tail stays
+            self._starts[i] = end
+            if s < start:  # and the head: one span becomes two
+                self._starts.insert(i, s)
+                self._ends.insert(i, start)
+        elif s < start:  # the head stays
+            self._ends[i] = start
+        else:  # the whole span goes (the usual case)
+            del self._starts[i], self._ends[i]
 
 
 def _fmt(r: HostRange) -> str:

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import queue
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,7 +162,8 @@ class Producer(threading.Thread):
         self.weights = weights if weights is not None else make_weights(seed, shapes)
         self.xs = [make_input(seed, k, shapes) for k in range(objects)]
         self.answers = [reference_mlp(x, self.weights) for x in self.xs]
-        self.ready: queue.Queue[tuple[int, HostRange, np.ndarray[Any, Any]]] = queue.Queue()
+        self.ready: deque[tuple[int, HostRange, np.ndarray[Any, Any]]] = deque()  # objects in the ring
+        self.arrived = threading.Condition()  # notified as objects are appended to `ready`
         self.blocked_s = 0.0
         self.stop = threading.Event()
 
@@ -182,7 +182,16 @@ class Producer(threading.Thread):
                     if self.stop.is_set():
                         return
             self.ring.view(r)[:] = self.xs[k].data.cast("B")
-            self.ready.put((k, r, self.answers[k]))
+            with self.arrived:
+                self.ready.append((k, r, self.answers[k]))
+                self.arrived.notify()
+
+    def take(self, timeout: float) -> tuple[int, HostRange, np.ndarray[Any, Any]] | None:
+        """The next object in the ring, waiting up to `timeout` seconds for one; None if none came."""
+        if not self.ready and timeout > 0:
+            with self.arrived:
+                self.arrived.wait_for(lambda: self.ready, timeout)
+        return self.ready.popleft() if self.ready else None
 
 
 class Worker:
@@ -194,7 +203,7 @@ class Worker:
         seed: int = 0,
         shapes: Shapes = Shapes(),  # frozen
         window: int = 4,
-        ring_objects: int = 8,
+        ring_objects: int = 64,  # the input ring holds 64 objects (256 KiB): the producer refills it in batches
         restart_every: int = 0,
         pump: Callable[[], None] | None = None,
     ) -> None:
@@ -208,6 +217,9 @@ class Worker:
         self.inputs = HostRing(ring_objects * self.in_bytes)
         self.outputs = HostRing(ring_objects * self.out_bytes)
         self.space = threading.Condition()
+        # the producer is woken once half the ring is free again, not per object: each wake-up is
+        # a GIL hand-off between it and this loop (it still retries every 0.05 s by itself)
+        self.wake_every = max(1, ring_objects // 2)
         self.weights_np = make_weights(seed, shapes)
         self.expected: dict[int, np.ndarray[Any, Any]] = {}
         self.delivered: Counter[int] = Counter()
@@ -246,12 +258,8 @@ class Worker:
         try:
             while self.deliveries < self.objects or self.jobs:
                 self.pump()
-                self.reported(self.bridge.poll)
-                while len(self.jobs) < self.window:
-                    try:
-                        k, src, expected = producer.ready.get(timeout=0 if self.jobs else 0.05)
-                    except queue.Empty:
-                        break
+                while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else IDLE_WAIT_S)):
+                    k, src, expected = item
                     self.expected[k] = expected
                     self.jobs.append(Job(k, src))
                 before = self.deliveries
@@ -259,6 +267,9 @@ class Worker:
                 for job in list(self.jobs):
                     self.step(job)
                 if states == [(job.stage, job.event) for job in self.jobs]:
+                    # nothing moved: take what the backend finished and failed deferred frees (FREE-3),
+                    # then block until an event is done (events settle as their jobs look at them)
+                    self.reported(self.bridge.poll)
                     self.idle()
                 done = self.deliveries
                 since_restart += done - before
@@ -267,7 +278,7 @@ class Worker:
                 if self.restart_every and since_restart >= self.restart_every and self.jobs:
                     self.restart()
                     since_restart = 0
-                if not self.jobs and producer.ready.empty() and not producer.is_alive():
+                if not self.jobs and not producer.ready and not producer.is_alive():
                     break
         finally:
             producer.stop.set()
@@ -451,8 +462,9 @@ class Worker:
         self.deliveries += 1
         self.outputs.release(job.out)  # the consumer took it
         self.inputs.release(job.src)  # the object is done: its input may go
-        with self.space:
-            self.space.notify_all()
+        if self.deliveries % self.wake_every == 0:  # the producer refills the ring in batches
+            with self.space:
+                self.space.notify_all()
         self.free_slots.append(job.slot)  # the next object's upload follows this download (ORDER-1)
         self.jobs.remove(job)
 
