@@ -301,8 +301,8 @@ class LifecycleCore:
         return Effects(release, use, ok and not aborted and not use.keep_host, error, tuple(ready) if ready else ())
 
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
-        """free_device: the record to release now, or None when the free is deferred."""
-        self.check([(alloc_id, generation)], "free")
+        """free_device: the record to release now, or None when the free is deferred. (One step:
+        `fire` refuses as `check` would, before it changes anything.)"""
         return self.fire(alloc_id, generation, "free")
 
     def restart(self) -> list[Allocation]:

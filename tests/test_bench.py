@@ -17,10 +17,12 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
     paths = [row["path"] for row in report["rows"]]
     assert paths == [
         "sync host_to_device 64 B / raw _copyin",
+        "  the bridge's share of 64 B alone (a backend that does nothing) / raw _copyin 64 B",
         "sync host_to_device 1 MiB / raw _copyin",
         "sync host_to_device 16 MiB / raw _copyin",
         "async host_to_device 64 B + wait() / sync 64 B",
         "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate",
+        "  the bridge's share alone (a backend that does nothing) / raw allocate + deallocate",
         "per-op cost (reserve + sync copy, null backend) at 10,000 live / at 10 live",
         "bookkeeping per live allocation / 1 KiB",
         "reference worker / raw tinygrad pipeline (100 objects, objects/s)",
@@ -36,6 +38,7 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
                                                     (0.8, ">= 0.8", True), (0.79, ">= 0.8", False)])  # fmt: skip
 def test_a_row_meets_its_goal_by_the_goals_own_bound(ratio: float, goal: str, met: bool) -> None:
     assert Row("p", ratio, 1.0, "µs", ratio, goal, []).met is met
+    assert Row("p", ratio, 1.0, "µs", ratio, "", []).met is None  # a row that explains another
 
 
 def test_bench_refuses_a_round_count_below_one(capsys: pytest.CaptureFixture[str]) -> None:
