@@ -123,6 +123,8 @@ class Slot:
     y: DeviceHandle
     xv: Any  # zero-copy views, passed to the jitted MLP as arguments (they pin x and y)
     yv: Any
+    xr: DeviceRange  # all of x and all of y: what every object's copies move
+    yr: DeviceRange
 
 
 def mlp_step(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, y: Any) -> None:
@@ -369,7 +371,8 @@ class Worker:
             return None
         self.slots += 1
         self.note_live()
-        return Slot(x, y, self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view))
+        xv, yv = self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view)
+        return Slot(x, y, xv, yv, DeviceRange(x, 0, self.in_bytes), DeviceRange(y, 0, self.out_bytes))
 
     # ------------------------------------------------------------ one object
 
@@ -420,12 +423,8 @@ class Worker:
 
     def upload(self, job: Job) -> None:
         assert job.slot is not None
-        x = job.slot.x
-        self.attempt(
-            job,
-            "upload",
-            lambda: self.bridge.host_to_device(job.src, DeviceRange(x, 0, self.in_bytes), sync=False, release=False),
-        )
+        x = job.slot.xr
+        self.attempt(job, "upload", lambda: self.bridge.host_to_device(job.src, x, sync=False, release=False))
 
     def compute(self, job: Job) -> None:
         slot, w = job.slot, self.weights
@@ -447,10 +446,8 @@ class Worker:
                 job.out = self.outputs.reserve(self.out_bytes)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
-        y, out = job.slot.y, job.out
-        self.attempt(
-            job, "download", lambda: self.bridge.device_to_host(DeviceRange(y, 0, self.out_bytes), out, sync=False)
-        )
+        y, out = job.slot.yr, job.out
+        self.attempt(job, "download", lambda: self.bridge.device_to_host(y, out, sync=False))
 
     def deliver(self, job: Job) -> None:
         assert job.out is not None and job.slot is not None
