@@ -48,7 +48,26 @@ def _bool_arg(name: str, value: object) -> bool:
 
 
 class FakeViolation(AssertionError):
-    """The Bridge asked the fake backend for something the contract forbids."""
+    """The Bridge asked the fake backend for something the contract forbids; `kind` names which
+    of the fake's checks refused it (one of VIOLATION_KINDS)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+VIOLATION_KINDS = (
+    "unknown-buffer",  # free or use of a buffer the fake never made
+    "double-free",  # a buffer freed twice
+    "free-in-use",  # freed while a pending event uses it
+    "free-under-view",  # freed while a live view can read it
+    "unaligned-view",  # a view tinygrad's CPU kernels would crash on
+    "freed-buffer",  # a copy, compute or view of a freed buffer
+    "old-generation",  # a buffer of a generation a restart ended
+    "out-of-bounds",  # a range outside the buffer
+    "order",  # run before a pending use it conflicts with (ORDER-1)
+    "guard-bytes",  # bytes outside the buffer were written
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,17 +227,17 @@ class FakeBackend:
         with self._cond:
             buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
             if buf is None:
-                self._violate(f"free of unknown buffer {buffer!r}")
+                self._violate("unknown-buffer", f"free of unknown buffer {buffer!r}")
             assert buf is not None
             self.calls.append(Call("free", buf.id, generation=self.generation))
             if self._take_fault("free"):
                 raise BackendError(f"fake: cannot free buffer #{buf.id}")
             if buf.freed:
-                self._violate(f"buffer #{buf.id} freed twice")
+                self._violate("double-free", f"buffer #{buf.id} freed twice")
             if busy := [e.id for e in self.pending() if buf.id in e.buffers]:
-                self._violate(f"buffer #{buf.id} freed while events {busy} use it")
+                self._violate("free-in-use", f"buffer #{buf.id} freed while events {busy} use it")
             if buf.live_views():
-                self._violate(f"buffer #{buf.id} freed while {buf.live_views()} view(s) can read it")
+                self._violate("free-under-view", f"buffer #{buf.id} freed while {buf.live_views()} view(s) can read it")
             self._check_guards(buf)
             buf.freed = True
             buf.data[:] = POISON_BYTE
@@ -265,7 +284,9 @@ class FakeBackend:
             if self._take_fault("view"):
                 raise BackendError(f"fake: cannot view buffer #{buf.id}")
             if offset % tg.VIEW_ALIGNMENT:
-                self._violate(f"view at offset {offset} of buffer #{buf.id} would crash tinygrad's CPU kernels")
+                self._violate(
+                    "unaligned-view", f"view at offset {offset} of buffer #{buf.id} would crash tinygrad's CPU kernels"
+                )
             tensor = tg.blob_view(buf.raw.ctypes.data + GUARD + offset, shape, dtype)
             buf.views.append(weakref.ref(tg.view_anchor(tensor)))  # reached by every derived tensor
             return tensor
@@ -308,9 +329,10 @@ class FakeBackend:
 
     # ------------------------------------------------------------ mechanics
 
-    def _violate(self, message: str) -> None:
+    def _violate(self, kind: str, message: str) -> None:
+        assert kind in VIOLATION_KINDS, kind
         self.violations.append(message)
-        raise FakeViolation(message)
+        raise FakeViolation(kind, message)
 
     def _lose_on_fault(self, op: str, ev: FakeEvent) -> None:
         """An armed query/wait fault: the device gives up the event's work (if still pending) and says so."""
@@ -330,14 +352,16 @@ class FakeBackend:
         """The fake's independent checks on a buffer about to be touched."""
         buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
         if buf is None:
-            self._violate(f"{op} on unknown buffer {buffer!r}")
+            self._violate("unknown-buffer", f"{op} on unknown buffer {buffer!r}")
         assert buf is not None
         if buf.freed:
-            self._violate(f"{op} on freed buffer #{buf.id}")
+            self._violate("freed-buffer", f"{op} on freed buffer #{buf.id}")
         if buf.generation != self.generation:
-            self._violate(f"{op} on buffer #{buf.id} of old generation {buf.generation}")
+            self._violate("old-generation", f"{op} on buffer #{buf.id} of old generation {buf.generation}")
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
-            self._violate(f"{op} [{offset}, {offset + nbytes}) outside buffer #{buf.id} of {buf.nbytes} B")
+            self._violate(
+                "out-of-bounds", f"{op} [{offset}, {offset + nbytes}) outside buffer #{buf.id} of {buf.nbytes} B"
+            )
         return buf
 
     def _new_event(
@@ -357,8 +381,9 @@ class FakeBackend:
             overlap = ev.span is None or span is None or (ev.span[0] < span[1] and span[0] < ev.span[1])
             if overlap and (WRITES[op] or WRITES[ev.op]):
                 self._violate(
+                    "order",
                     f"{op} {span or 'whole'} on buffers {list(buffers)} submitted while pending event #{ev.id} "
-                    f"({ev.op} {ev.span or 'whole'}) touches the same bytes"
+                    f"({ev.op} {ev.span or 'whole'}) touches the same bytes",
                 )
 
     def _submit(self, ev: FakeEvent, sync: bool) -> FakeEvent:
@@ -378,7 +403,7 @@ class FakeBackend:
 
     def _check_guards(self, buf: FakeBuffer) -> None:
         if (buf.raw[:GUARD] != GUARD_BYTE).any() or (buf.raw[GUARD + buf.nbytes :] != GUARD_BYTE).any():
-            self._violate(f"bytes outside buffer #{buf.id} were written")
+            self._violate("guard-bytes", f"bytes outside buffer #{buf.id} were written")
 
     def _resolve(self, token: Any) -> FakeEvent:
         token = getattr(token, "backend_token", token)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devbridge.models.coverage import Coverage
-from devbridge.models.lockstep import DERIVE, Lockstep
+from devbridge.models.lockstep import DERIVE, Lockstep, kill_of
 from devbridge.models.reference import Reject
 from devbridge.statemachine import default_table
 from devbridge.types import DeviceRange
@@ -62,6 +62,7 @@ class Violation:
     path: tuple[Action, ...]
     error: str
     test_source: str
+    kill: str = ""  # what caught it (models.lockstep.kill_of): a check, `fake:<kind>`, INV-*, or an error type
 
 
 @dataclass
@@ -280,7 +281,8 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
                     apply(s, action)
                     s.check()
                 except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
-                    report.violation = Violation(new_path, f"{type(e).__name__}: {e}", render(new_path))
+                    error = f"{type(e).__name__}: {e}"
+                    report.violation = Violation(new_path, error, render(new_path), kill_of(e))
                     report.seconds = time.perf_counter() - start
                     report.depth = depth + 1
                     return report

@@ -25,17 +25,60 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from devbridge.backends.fake import FakeBackend
+from devbridge.backends.fake import FakeBackend, FakeViolation
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
 from devbridge.events import ComputeEvent, Event
 from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Reject
 from devbridge.ring import HostRing
-from devbridge.statemachine.core import USE_EVENTS
+from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 from devbridge.statemachine.machine import Step
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
 
 U8 = ObjectSpec("blob", "uint8")
+
+
+#: The lockstep's named checks (besides `refused:RULE` and `error:RULE`, one per rule).
+CHECKS = frozenset(
+    {
+        "raised", "event", "pending", "held", "submitted", "states", "frees", "cursor", "release-status",
+        "host-view", "host-bytes", "readonly", "device-bytes", "pins", "poll", "leak", "unchanged", "use-id",
+        "alloc", "reserve",
+    }
+)  # fmt: skip
+
+
+class Disagreement(AssertionError):
+    """The implementation disagrees with the model, or breaks an invariant: `check` names which
+    comparison failed (a seeded bug must be caught by the check it breaks, never by any error):
+    `refused:RULE` (a refusal the model predicts did not come), `error:RULE` (another error came),
+    `raised` (a call the model says succeeds raised), `event` (an event's end), `pending`,
+    `held`, `submitted` (uses in flight), `states`, `frees`, `cursor`, `release-status`,
+    `host-view`, `host-bytes`, `readonly`, `device-bytes`, `pins`, `poll`, `leak`, `unchanged`
+    (a refused call changed something), `use-id`, `alloc`, `reserve`."""
+
+    def __init__(self, check: str, detail: str) -> None:
+        assert check in CHECKS or check.partition(":")[0] in ("refused", "error"), check
+        super().__init__(f"[{check}] {detail}")
+        self.check = check
+
+
+def agree(ok: bool, check: str, detail: str) -> None:
+    if not ok:
+        raise Disagreement(check, detail)
+
+
+def kill_of(error: BaseException) -> str:
+    """What caught a bug: a Disagreement's check, `fake:` and the kind of a FakeViolation, or the
+    error's type name (which no seeded bug may be caught by)."""
+    if isinstance(error, Disagreement):
+        return error.check
+    if isinstance(error, FakeViolation):
+        return f"fake:{error.kind}"
+    if isinstance(error, InvariantViolation):
+        return error.invariant
+    return type(error).__name__
+
 
 # Tensors derived from a live tensor `t`, unrealized, each reaching t's view (VIEW-3):
 # the source for the script and the same code to run.
@@ -117,13 +160,17 @@ class Lockstep:
             try:
                 call()
             except BridgeError as e:
-                assert (type(e).__name__, e.rule) == (outcome.error, outcome.rule), (e, outcome)
+                ok = (type(e).__name__, e.rule) == (outcome.error, outcome.rule)
+                agree(ok, f"error:{outcome.rule}", f"{e!r}, not {outcome}")
             else:
-                raise AssertionError(f"expected {outcome}, the call succeeded")
+                raise Disagreement(f"refused:{outcome.rule}", f"expected {outcome}, the call succeeded")
             if before is not None:
-                assert self.snapshot() == before, "a rejected call changed something"
+                agree(self.snapshot() == before, "unchanged", "a rejected call changed something")
             return None
-        return call()
+        try:
+            return call()
+        except BridgeError as e:
+            raise Disagreement("raised", f"{code} raised {e!r}; the model says it succeeds") from e
 
     @staticmethod
     def span(r: HostRange) -> range:
@@ -141,7 +188,7 @@ class Lockstep:
         return not kinds & {self.model.uses[u].kind for u in self.model.allocs[alloc_id].uses}
 
     def track(self, use: int, event: Event) -> None:
-        assert event.use_id == use, (event.use_id, use)
+        agree(event.use_id == use, "use-id", f"event of use #{event.use_id}, the model's #{use}")
         if not event.done():
             self.pending[use] = event
 
@@ -168,7 +215,7 @@ class Lockstep:
             self.emit(f"h{outcome} = {code}")
         h = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
         if h is not None:
-            assert h.id == outcome == len(self.handles)
+            agree(h.id == outcome == len(self.handles), "alloc", f"handle #{h.id}, the model's #{outcome}")
             self.handles.append(h)
 
     def free(self, h: DeviceHandle) -> None:
@@ -198,7 +245,7 @@ class Lockstep:
             self.emit(f"assert bridge.poll() == {outcome}")
         got = self.expect(outcome, self.bridge.poll, "bridge.poll()")
         if isinstance(outcome, int):
-            assert got == outcome, f"bridge.poll() processed {got} uses, the model says {outcome}"
+            agree(got == outcome, "poll", f"bridge.poll() processed {got} uses, the model says {outcome}")
 
     def reserve(self, n: int) -> HostRange | None:
         outcome = self.model.reserve(n)
@@ -206,7 +253,8 @@ class Lockstep:
             self.emit(f"r{len(self.reservations)} = ring.reserve({n})")
         r = self.expect(outcome, lambda: self.ring.reserve(n), f"ring.reserve({n})")
         if r is not None:
-            assert isinstance(outcome, range) and (r.start, r.end) == (outcome.start, outcome.stop)
+            ok = isinstance(outcome, range) and (r.start, r.end) == (outcome.start, outcome.stop)
+            agree(ok, "reserve", f"reserved {r}, the model says {outcome}")
             self.reservations.append(r)
         return r  # type: ignore[no-any-return]
 
@@ -221,21 +269,21 @@ class Lockstep:
                 f"    ring.view({self.rname(r)})[:] = {data!r}",
             )
             view = self.ring.view(r)
-            assert view.readonly is True, f"host bytes {r} under an input copy are writable"
+            agree(view.readonly is True, "readonly", f"host bytes {r} under an input copy are writable")
             before = self.snapshot()
             try:
                 view[:] = data
             except TypeError:
                 pass
             else:
-                raise AssertionError(f"wrote through a read-only view of {r}")
-            assert self.snapshot() == before, "a refused write changed something"
+                raise Disagreement("readonly", f"wrote through a read-only view of {r}")
+            agree(self.snapshot() == before, "unchanged", "a refused write changed something")
             return
         code = f"ring.view({self.rname(r)})[:] = {data!r}"
 
         def write() -> None:
             view = self.ring.view(r)
-            assert view.readonly is False, f"host bytes {r} no input copy reads are read-only"
+            agree(view.readonly is False, "readonly", f"host bytes {r} no input copy reads are read-only")
             view[:] = data
 
         if outcome is None:
@@ -252,7 +300,7 @@ class Lockstep:
             self.emit(f"assert {code} == {expected!r}")
         got = self.expect(outcome, lambda: bytes(self.ring.view(r)), code)
         if outcome is None:
-            assert got == expected
+            agree(got == expected, "host-bytes", f"{code} is {got!r}, the model says {expected!r}")
 
     def released(self, start: int, n: int) -> None:
         """ring.released of any range, reserved or not (bytes never reserved: RING-1)."""
@@ -263,7 +311,7 @@ class Lockstep:
             self.emit(f"assert {code} is {outcome}")
         got = self.expect(outcome, lambda: self.ring.released(r), code)
         if isinstance(outcome, bool):
-            assert got is outcome, (got, outcome)
+            agree(got is outcome, "release-status", f"{code} is {got}, the model says {outcome}")
 
     def release(self, r: HostRange) -> None:
         outcome = self.model.release(self.span(r))
@@ -337,7 +385,7 @@ class Lockstep:
             self.emit("fake.finish_at_once = False")
         if isinstance(outcome, int):
             if lost:
-                assert event.use_id == outcome, (event.use_id, outcome)
+                agree(event.use_id == outcome, "use-id", f"event of use #{event.use_id}, the model's #{outcome}")
                 self.settled(outcome, event, self.model.finish(outcome, failed=True))
             else:
                 self.track(outcome, event)
@@ -408,7 +456,8 @@ class Lockstep:
         del self.tensors[t], self.derived[t]
         if ended:
             self.emit(f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {frees!r}")
-            assert [c.buffer for c in self.fake.calls if c.op == "free"] == frees, "freed before the next bridge call"
+            now = [c.buffer for c in self.fake.calls if c.op == "free"]
+            agree(now == frees, "frees", "freed before the next bridge call")
         self.poll(ended)
 
     def complete(self, use: int, failed: bool) -> None:
@@ -431,11 +480,11 @@ class Lockstep:
         self.fake.fail_next("query")
         expected = self.model.finish(use, failed=True)
         if via_poll:
-            assert use == min([use, *self.submitted()]), "poll queries the oldest submitted event first"
+            agree(use == min([use, *self.submitted()]), "poll", "poll queries the oldest submitted event first")
             self.poll(1)
         else:
             self.emit(f"assert e{use}.done()")
-            assert event.done()
+            agree(event.done(), "event", f"use #{use} is not done after its query failed")
         self.settled(use, event, expected)
 
     def wait_fails(self, use: int) -> None:
@@ -468,13 +517,14 @@ class Lockstep:
         self.expect(Reject("WaitTimeoutError", "WAIT-1"), lambda: event.wait(timeout=0), f"e{use}.wait(timeout=0)")
 
     def settled(self, use: int, event: Event, expected: tuple[str, str] | None) -> None:
-        assert event.done(), f"use #{use} is not done; the model ended it (ORDER-1: waited for, or aborted)"
+        agree(event.done(), "event", f"use #{use} is not done; the model ended it (ORDER-1: waited for, or aborted)")
         error = event.error
         if expected is None:
             self.emit(f"assert e{use}.done() and e{use}.error is None")
         else:
             self.emit(f"assert isinstance(e{use}.error, {expected[0]}) and e{use}.error.rule == {expected[1]!r}")
-        assert (None if error is None else (type(error).__name__, error.rule)) == expected, (error, expected)
+        got = None if error is None else (type(error).__name__, error.rule)
+        agree(got == expected, "event", f"use #{use} ended with {got}, the model says {expected}")
 
     # ------------------------------------------------------------ invariants
 
@@ -484,15 +534,15 @@ class Lockstep:
         inflight = sorted(u for u, use in self.model.uses.items() if use.kind != "view")
         if inflight:
             self.emit(f"assert not any(e.done() for e in [{', '.join(f'e{u}' for u in inflight)}])")
-        assert sorted(self.pending) == inflight, "events pending differ from the model's uses in flight"
+        agree(sorted(self.pending) == inflight, "pending", "events pending differ from the model's uses in flight")
         on_backend = {u for u in self.pending if self.model.uses[u].submitted}
         for u, event in self.pending.items():
-            assert (event.backend_token is not None) == (u in on_backend), f"use #{u} held back: ORDER-1"
+            agree((event.backend_token is not None) == (u in on_backend), "held", f"use #{u} held back: ORDER-1")
         tokens = {id(self.pending[u].backend_token) for u in on_backend}
         running = sum(1 for use in self.model.uses.values() if use.submitted and use.kind != "view")
         self.emit(f"assert len(fake.pending()) == {running}")
-        assert {id(ev) for ev in self.fake.pending()} == tokens, "the fake runs exactly the submitted uses"
-        assert len(tokens) == running, "the fake runs exactly the uses the model submitted"
+        running_ok = {id(ev) for ev in self.fake.pending()} == tokens and len(tokens) == running
+        agree(running_ok, "submitted", "the fake runs exactly the uses the model submitted")
         states = [self.model.state(h.id) for h in self.handles]
         freed = self.model.frees
         cursor = self.model.cursor()
@@ -504,21 +554,21 @@ class Lockstep:
                 f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}",
                 f"assert ring.cursor == {cursor}",
             )
-        assert [self.bridge.state(h) for h in self.handles] == states, "states differ from the model"
-        assert [c.buffer for c in self.fake.calls if c.op == "free"] == freed, (
-            "backend frees differ (none while in use, each exactly once, failed or not)"
-        )
+        got = [self.bridge.state(h) for h in self.handles]
+        agree(got == states, "states", f"states {got} differ from the model's {states}")
+        now = [c.buffer for c in self.fake.calls if c.op == "free"]
+        agree(now == freed, "frees", f"backend frees {now}, the model's {freed} (never in use, each once)")
         stats = self.bridge.stats()
-        assert {k: stats[k] for k in frees} == frees, "backend free counts differ"
-        assert self.fake.violations == []
-        assert self.ring.cursor >= self.cursor, "cursor moved backwards"
-        assert self.ring.cursor == cursor, "cursor passed an unreleased byte or stopped early"
+        agree({k: stats[k] for k in frees} == frees, "frees", "backend free counts differ")
+        assert self.fake.violations == [], self.fake.violations  # each was raised where it happened
+        agree(self.ring.cursor >= self.cursor, "cursor", "cursor moved backwards")
+        agree(self.ring.cursor == cursor, "cursor", "cursor passed an unreleased byte or stopped early")
         self.cursor = self.ring.cursor
         for k, r in enumerate(self.reservations):
             released = self.model.released(self.span(r))
             assert isinstance(released, bool), "a reservation's bytes were reserved"
             self.emit(f"assert ring.released(r{k}) is {released}")
-            assert self.ring.released(r) == released, f"release status of {r}"
+            agree(self.ring.released(r) == released, "release-status", f"release status of {r}")
             if not released and set(self.span(r)) <= self.model.unreleased:
                 self.probe_view(k, r)
         for h in self.handles:
@@ -527,12 +577,13 @@ class Lockstep:
             if not alloc.released:
                 expected = self.model.device_bytes(h.id)
                 self.emit(f"assert bytes(fake.buffer({h.id}).data) == {expected!r}")
-                assert bytes(self.fake.buffer(h.id).data) == expected, f"device bytes of #{h.id} (issue order)"
+                ok = bytes(self.fake.buffer(h.id).data) == expected
+                agree(ok, "device-bytes", f"device bytes of #{h.id} differ from the issue order's")
         if not self.model.uses:
             held = self.model.held()
             self.emit(f"assert fake.live_allocations == {held}")
             assert self.model.quiescent_leaks() == []
-            assert self.fake.live_allocations == held, "a freed allocation is still held at quiescence"
+            agree(self.fake.live_allocations == held, "leak", "a freed allocation is still held at quiescence")
 
     def check_pins(self, h: DeviceHandle) -> None:
         """bridge.pins agrees with the model's uses in flight (a view counts while any tensor
@@ -542,11 +593,14 @@ class Lockstep:
         self.emit(f"assert pins(bridge, h{h.id}) == {expected!r}")
         got = self.bridge.pins(h)
         waited = got.pop("waiting_s")
-        assert list(got) == list(PIN_KEYS), f"pins keys {list(got)}"
-        assert got == expected, f"pins of #{h.id}: {got}, the model says {expected}"
-        assert type(waited) is float and waited >= 0, waited
-        assert waited == 0.0 or str(expected["state"]).endswith("_pending"), f"#{h.id} waited {waited} s unpinned"
-        assert self.fake.buffer(h.id).live_views() == expected["views"], "the fake's live views of the buffer"
+        agree(list(got) == list(PIN_KEYS), "pins", f"pins keys {list(got)}")
+        agree(got == expected, "pins", f"pins of #{h.id}: {got}, the model says {expected}")
+        agree(type(waited) is float and waited >= 0, "pins", f"waited {waited!r}")
+        agree(
+            waited == 0.0 or str(expected["state"]).endswith("_pending"), "pins", f"#{h.id} waited {waited} s unpinned"
+        )
+        views = self.fake.buffer(h.id).live_views()
+        agree(views == expected["views"], "pins", f"the fake sees {views} live views, the model {expected['views']}")
 
     def probe_view(self, k: int, r: HostRange) -> None:
         """Host bytes are readable exactly when the model says so, and hold the model's bytes."""
@@ -556,9 +610,9 @@ class Lockstep:
             try:
                 self.ring.view(r)
             except BridgeError as e:
-                assert (type(e).__name__, e.rule) == (refused.error, refused.rule), (e, refused)
+                agree((type(e).__name__, e.rule) == (refused.error, refused.rule), "host-view", f"{e!r}, not {refused}")
             else:
-                raise AssertionError(f"host bytes {r} are readable; the model says {refused}")
+                raise Disagreement("host-view", f"host bytes {r} are readable; the model says {refused}")
         else:
             expected = self.model.read_host(self.span(r))
             readonly = self.model.view_readonly(self.span(r))
@@ -566,8 +620,8 @@ class Lockstep:
                 f"assert bytes(ring.view(r{k})) == {expected!r}", f"assert ring.view(r{k}).readonly is {readonly}"
             )
             view = self.ring.view(r)
-            assert bytes(view) == expected, f"host bytes of {r}"
-            assert view.readonly is readonly, f"view of {r} readonly={view.readonly}, the model says {readonly}"
+            agree(bytes(view) == expected, "host-bytes", f"host bytes of {r} differ from the model's")
+            agree(view.readonly is readonly, "readonly", f"view of {r} readonly={view.readonly}, the model: {readonly}")
 
     def test_source(self) -> str:
         return "\n".join([*SCRIPT_HEADER, *self.script]) + "\n"

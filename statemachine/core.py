@@ -34,6 +34,15 @@ USE_EVENTS: Mapping[str, tuple[str, str]] = {
 }
 
 
+class InvariantViolation(AssertionError):
+    """A spec invariant (`INV-*`) failed inside the core: a bug in the bridge, never a caller's
+    mistake. `invariant` names it."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"[{invariant}] {detail}")
+        self.invariant = invariant
+
+
 @dataclass(slots=True, eq=False)
 class Allocation:
     """The core's record of one device allocation (dropped once terminal)."""
@@ -274,7 +283,12 @@ class LifecycleCore:
         after = (copies + 1, computes) if counter == "copies" else (copies, computes + 1)
         then = self._table.lookup(first.dest, end, *after)
         assert then.dest is not None and not then.release and then.dest not in self._table.terminal, (then, after)
-        assert self._spec.states[then.dest].admits(copies, computes), (state, kind, then.dest)
+        if not self._spec.states[then.dest].admits(copies, computes):
+            raise InvariantViolation(
+                "INV-COUNTS",
+                f"a {kind} from {state} would leave it {then.dest} with {copies} copies and "
+                f"{computes} computes in flight",
+            )
         step = Composite(begin, first, first.dest, end, then, then.dest)
         self._instant[(state, kind, copies, computes)] = step
         return step
@@ -337,7 +351,12 @@ class LifecycleCore:
             record.computes += delta
         assert step.dest is not None
         record.state = step.dest
-        assert self._spec.states[step.dest].admits(record.copies, record.computes), (record, event)
+        if not self._spec.states[step.dest].admits(record.copies, record.computes):
+            raise InvariantViolation(
+                "INV-COUNTS",
+                f"allocation #{alloc_id} is {step.dest} after {event} with {record.copies} copies "
+                f"and {record.computes} computes in flight",
+            )
         if step.dest in self._table.terminal:
             del self._allocations[alloc_id]
         return record if step.release else None

@@ -8,6 +8,7 @@ exit. `tests/test_mutants.py` runs the stateful machine under each.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -21,42 +22,53 @@ from devbridge.statemachine.machine import Step, Table
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 MUTANTS: dict[str, Mutant] = {}
+#: The checks that may catch each seeded bug (`models.lockstep.kill_of`): a lockstep check, a
+#: FakeViolation kind as `fake:<kind>`, or a core invariant `INV-*`. Any other failure (a
+#: TypeError, an unrelated assertion) means the mutant broke something else: its test fails.
+KILLS: dict[str, frozenset[str]] = {}
 
 
-def mutant(fn: Callable[[], Iterator[None]]) -> Mutant:
-    MUTANTS[fn.__name__] = contextlib.contextmanager(fn)
-    return MUTANTS[fn.__name__]
+def mutant(*kills: str) -> Callable[[Callable[[], Iterator[None]]], Mutant]:
+    """Register a seeded bug and the checks that must catch it."""
+    assert kills, "a seeded bug names what must catch it"
+
+    def register(fn: Callable[[], Iterator[None]]) -> Mutant:
+        MUTANTS[fn.__name__] = contextlib.contextmanager(fn)
+        KILLS[fn.__name__] = frozenset(kills)
+        return MUTANTS[fn.__name__]
+
+    return register
 
 
-@mutant
+@mutant("fake:free-in-use", "fake:free-under-view")
 def free_while_in_use() -> Iterator[None]:
     """free_device releases the memory at once, even while a copy or compute uses it."""
     original = LifecycleCore.free
 
-    def free(self: LifecycleCore, alloc_id: int, generation: int) -> Any:
+    def free(self: LifecycleCore, alloc_id: int, *args: Any, **kwargs: Any) -> Any:
         record = self.allocation(alloc_id)
-        original(self, alloc_id, generation)
+        original(self, alloc_id, *args, **kwargs)
         return record
 
     with mock.patch.object(LifecycleCore, "free", free):
         yield
 
 
-@mutant
+@mutant("cursor")
 def release_on_submit() -> Iterator[None]:
     """An async input's host bytes are released when the copy is submitted, not completed."""
 
-    def begin_read(self: HostRing, r: Any) -> None:
+    def begin_read(self: HostRing, r: Any, *args: Any, **kwargs: Any) -> None:
         self._cut(r)
 
     with (
         mock.patch.object(HostRing, "begin_read", begin_read),
-        mock.patch.object(HostRing, "end_read", lambda self, r, release: None),
+        mock.patch.object(HostRing, "end_read", lambda self, *args, **kwargs: None),
     ):
         yield
 
 
-@mutant
+@mutant("cursor")
 def cursor_jumps_a_hole() -> Iterator[None]:
     """The cursor skips past the first unreleased span."""
     prop = property(lambda self: self._ends[0] if self._starts else self._head)
@@ -64,25 +76,25 @@ def cursor_jumps_a_hole() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("refused:GEN-2")
 def stale_handle_accepted() -> Iterator[None]:
     """Handles of an older generation pass the core's check."""
     original = LifecycleCore.check
 
-    def check(self: LifecycleCore, handles: Any, event: str) -> None:
-        original(self, [(a, g) for a, g in handles if g == self.generation], event)
+    def check(self: LifecycleCore, handles: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, [(a, g) for a, g in handles if g == self.generation], *args, **kwargs)
 
     with mock.patch.object(LifecycleCore, "check", check):
         yield
 
 
-@mutant
+@mutant("fake:double-free")
 def double_backend_free() -> Iterator[None]:
     """The release action runs twice when an allocation's last use ends."""
     original = Bridge._apply
 
-    def apply(self: Bridge, effects: Effects) -> None:
-        original(self, effects)
+    def apply(self: Bridge, effects: Effects, *args: Any, **kwargs: Any) -> None:
+        original(self, effects, *args, **kwargs)
         for record in effects.release:
             self._release(record)
 
@@ -90,7 +102,7 @@ def double_backend_free() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("refused:RANGE-1")
 def off_by_one_device_range() -> Iterator[None]:
     """A device range one byte past the extent is accepted."""
 
@@ -102,44 +114,43 @@ def off_by_one_device_range() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("frees")
 def restart_leaks_idle_memory() -> Iterator[None]:
     """restart() forgets to release allocations nothing uses."""
     original = LifecycleCore.restart
 
-    def restart(self: LifecycleCore) -> list[Any]:
-        original(self)
+    def restart(self: LifecycleCore, *args: Any, **kwargs: Any) -> list[Any]:
+        original(self, *args, **kwargs)
         return []
 
     with mock.patch.object(LifecycleCore, "restart", restart):
         yield
 
 
-@mutant
+@mutant("host-view", "refused:D2H-3", "refused:RING-3")
 def output_readable_before_completion() -> Iterator[None]:
     """An output range is not marked pending while its copy is in flight."""
     with (
-        mock.patch.object(HostRing, "begin_write", lambda self, r: None),
-        mock.patch.object(HostRing, "end_write", lambda self, r, valid: None),
+        mock.patch.object(HostRing, "begin_write", lambda self, *args, **kwargs: None),
+        mock.patch.object(HostRing, "end_write", lambda self, *args, **kwargs: None),
     ):
         yield
 
 
-@mutant
+@mutant("host-view", "cursor")
 def failed_input_released() -> Iterator[None]:
     """The host bytes of a failed input copy are released as if it had succeeded."""
     original = LifecycleCore.end
 
-    def end(self: LifecycleCore, use_id: int, ok: bool) -> Effects:
-        effects = original(self, use_id, ok)
-        aborted = effects.error_rule == "GEN-1"
-        return Effects(effects.release, effects.use, not aborted, effects.error_rule)
+    def end(self: LifecycleCore, *args: Any, **kwargs: Any) -> Effects:
+        effects = original(self, *args, **kwargs)
+        return dataclasses.replace(effects, host_ok=effects.error_rule != "GEN-1")
 
     with mock.patch.object(LifecycleCore, "end", end):
         yield
 
 
-@mutant
+@mutant("states")
 def view_does_not_pin() -> Iterator[None]:
     """A tinygrad view is not counted as a compute use of its allocation."""
     original = LifecycleCore.begin
@@ -156,17 +167,17 @@ def view_does_not_pin() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("poll")
 def view_use_ends_with_its_tensor() -> Iterator[None]:
     """A view's use ends when the Tensor wrap_for_tinygrad returned is collected, not when the
     view's anchor is (the finalizer on the tensor, as before VIEW-3 covered derived tensors):
     a tensor derived from the view no longer keeps the allocation in use. The fake still
     tracks the real anchors, so it refuses a free of memory a derived tensor reaches."""
-    with mock.patch.object(FakeBackend, "view_anchor", lambda self, view: view):
+    with mock.patch.object(FakeBackend, "view_anchor", lambda self, view, *args, **kwargs: view):
         yield
 
 
-@mutant
+@mutant("pending")
 def compute_done_at_submit() -> Iterator[None]:
     """A compute event is treated as complete when it is submitted."""
     original = Bridge.compute
@@ -180,15 +191,15 @@ def compute_done_at_submit() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("refused:H2D-3")
 def release_ignores_pending_reads() -> Iterator[None]:
     """The worker may release host bytes a pending input copy still reads."""
     original = HostRing.release
 
-    def release(self: HostRing, r: Any) -> None:
+    def release(self: HostRing, *args: Any, **kwargs: Any) -> None:
         reads, self._reads = self._reads, []
         try:
-            original(self, r)
+            original(self, *args, **kwargs)
         finally:
             self._reads = reads
 
@@ -196,7 +207,7 @@ def release_ignores_pending_reads() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("INV-COUNTS")
 def last_copy_guard_wrong() -> Iterator[None]:
     """The `last_copy` guard is read as "a copy is in flight" (copies >= 1)."""
 
@@ -221,27 +232,27 @@ def _without_hazard(name: str) -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("fake:order")
 def missing_raw_edge() -> Iterator[None]:
     """A read does not follow the write in flight before it: a device_to_host (or compute) issued
     after an asynchronous host_to_device of the same bytes may run first and see the old bytes."""
     yield from _without_hazard("RAW")
 
 
-@mutant
+@mutant("fake:order")
 def missing_war_edge() -> Iterator[None]:
     """A write does not follow the read in flight before it: an asynchronous host_to_device may
     overwrite bytes an earlier device_to_host has not read yet."""
     yield from _without_hazard("WAR")
 
 
-@mutant
+@mutant("fake:order")
 def missing_waw_edge() -> Iterator[None]:
     """Two writes of the same bytes are not ordered: the earlier may land last."""
     yield from _without_hazard("WAW")
 
 
-@mutant
+@mutant("states")
 def sync_copy_skips_its_step() -> Iterator[None]:
     """The fused path of a synchronous copy takes a use id but leaves the allocation's state alone
     (an allocation copied into stays `allocated`)."""
@@ -254,29 +265,33 @@ def sync_copy_skips_its_step() -> Iterator[None]:
         yield
 
 
-@mutant
+@mutant("cursor")
 def sync_copy_keeps_host_bytes() -> Iterator[None]:
     """The fused path of a synchronous input copy never releases its host bytes (H2D-2)."""
     with mock.patch.object(HostRing, "read_done", lambda self, *args, **kwargs: None):
         yield
 
 
-@mutant
+@mutant("pending", "refused:RING-3")
 def async_copy_taken_as_done_at_submission() -> Iterator[None]:
     """The fused path takes every submitted asynchronous copy as done at once, without asking the
     backend: its host bytes are released (or its output made valid) before the data moved."""
-    with mock.patch.object(Bridge, "_first_status", lambda self, token, sync: None if token is None else OK):
+
+    def first_status(self: Bridge, token: object, *args: Any, **kwargs: Any) -> Any:
+        return None if token is None else OK
+
+    with mock.patch.object(Bridge, "_first_status", first_status):
         yield
 
 
-@mutant
+@mutant("event")
 def async_copy_failed_at_submission_taken_as_done() -> Iterator[None]:
     """The fused path takes an asynchronous copy whose first query says done as a success, even
     when it says failed (a lost query): the event reports success for bytes that never moved."""
     original = Bridge._first_status
 
-    def first_status(self: Bridge, token: object, sync: bool) -> Any:
-        status = original(self, token, sync)
+    def first_status(self: Bridge, *args: Any, **kwargs: Any) -> Any:
+        status = original(self, *args, **kwargs)
         return OK if status is not None and status.done else status
 
     with mock.patch.object(Bridge, "_first_status", first_status):
