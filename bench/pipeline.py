@@ -27,12 +27,12 @@ from devbridge.backends import tinygrad_compat as tg
 from devbridge.worker import Shapes, make_input, make_weights, mlp_step, run_demo
 
 
-def raw_pipeline(objects: int, seed: int = 0) -> float:
+def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
     """Objects per second of the raw pipeline."""
     shapes = Shapes()
     inputs = [make_input(seed, k, shapes) for k in range(objects)]
-    weights = [Tensor(w).realize() for w in make_weights(seed, shapes).values()]
-    xb, yb = tg.allocate("CPU", inputs[0].nbytes), tg.allocate("CPU", shapes.rows * shapes.d_out * 4)
+    weights = [Tensor(w, device=device).realize() for w in make_weights(seed, shapes).values()]
+    xb, yb = tg.allocate(device, inputs[0].nbytes), tg.allocate(device, shapes.rows * shapes.d_out * 4)
     x = tg.tensor_view(xb, 0, (shapes.rows, shapes.d_in), "float32")  # the tensors the worker's views are
     y = tg.tensor_view(yb, 0, (shapes.rows, shapes.d_out), "float32")
     step = TinyJit(mlp_step)

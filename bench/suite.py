@@ -5,8 +5,8 @@ side: every round runs raw, bridge, bridge, raw (neither side gains from its
 place in a round) and the row reports the medians over the rounds; rows
 indented under a goal explain it and have none of their own. Raw sides are tinygrad's
 own allocator (`_copyin`, `Buffer.allocate/deallocate`) and a raw tinygrad
-pipeline with no lifecycle; numpy's memcpy of the same bytes is shown for
-scale. A benchmark, not a test: run it on a quiet machine.
+pipeline with no lifecycle (numpy's memcpy beside them: bench/copy_bandwidth.py).
+A benchmark, not a test: run it on a quiet machine.
 
     devbridge bench [--rounds 5] [--quick] [--json] [--device CPU]
 """
@@ -163,17 +163,17 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
     return [row, timed_row(path, bookkeeping, raw, calls, rounds, "")]
 
 
-def worker_row(rounds: int, quick: bool) -> Row:
+def worker_row(device: str, rounds: int, quick: bool) -> Row:
     objects = 100 if quick else 1000
 
     def worker() -> float:
-        summary = run_demo(objects=objects)
+        summary = run_demo(objects=objects, device=device)
         assert summary.clean, summary
         return summary.objects_per_s
 
     return side_by_side(
         f"reference worker / raw tinygrad pipeline ({objects} objects, objects/s)",
-        worker, lambda: pipeline.raw_pipeline(objects), rounds, "obj/s", ">= 0.8", 1.0,
+        worker, lambda: pipeline.raw_pipeline(objects, device=device), rounds, "obj/s", ">= 0.8", 1.0,
     )  # fmt: skip
 
 
@@ -196,7 +196,7 @@ def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list
         "copies": lambda: copy_rows(device, rounds, quick),
         "alloc": lambda: alloc_row(device, rounds, quick),
         "scaling": lambda: scaling_rows(rounds, quick),
-        "worker": lambda: [worker_row(rounds, quick)],
+        "worker": lambda: [worker_row(device, rounds, quick)],
     }
     for name, part in parts.items():
         if not only or name in only:
