@@ -103,26 +103,14 @@ def move_now(buffer: Buffer, offset: int, host: memoryview, *, into_device: bool
     `ctypes.memmove` (the allocator's copy without its synchronize: the caller knows the device
     is idle); False, with nothing copied, where either side has no address."""
     device = getattr(buffer._buf, "va_addr", None) if buffer.device.startswith("CPU") else None
-    try:
-        address = _addressof(_char_at(host))
-    except (TypeError, ValueError, BufferError):
-        return False
-    if device is None:
+    address = host_address(host)
+    if device is None or address is None:
         return False
     if into_device:
         ctypes.memmove(device + offset, address, len(host))
     else:
         ctypes.memmove(address, device + offset, len(host))
     return True
-
-
-_addressof, _char_at = ctypes.addressof, ctypes.c_char.from_buffer
-
-
-def device_address(buffer: Buffer) -> int | None:
-    """The address of a host-memory device buffer's first byte (CPU), else None."""
-    address = getattr(buffer._buf, "va_addr", None)
-    return int(address) if address is not None and str(buffer.device).startswith("CPU") else None
 
 
 def host_address(view: memoryview) -> int | None:
@@ -227,7 +215,6 @@ __all__ = [
     "copy_in",
     "copy_out",
     "default_device",
-    "device_address",
     "dtype_of",
     "host_address",
     "host_bytes",

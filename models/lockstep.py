@@ -332,16 +332,13 @@ class Lockstep:
         at_once: bool = False,
     ) -> None:
         outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails, release, at_once)
-        if self.model.armed:  # the call reaches the backend at once: arm the fault
-            self.fake.fail_next("copy_in")
-            self.emit('fake.fail_next("copy_in")')
         dst = DeviceRange(h, d_off, src.nbytes)
         code = (
             f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), "
             f"sync={sync}, release={release})"
         )
         call = lambda: self.bridge.host_to_device(src, dst, sync=sync, release=release)  # noqa: E731
-        self._copy(outcome, call, code, sync, lost, at_once)
+        self._copy("copy_in", outcome, call, code, sync, lost, at_once)
 
     def device_to_host(
         self,
@@ -354,20 +351,22 @@ class Lockstep:
         at_once: bool = False,
     ) -> None:
         outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails, at_once)
-        if self.model.armed:
-            self.fake.fail_next("copy_out")
-            self.emit('fake.fail_next("copy_out")')
         src = DeviceRange(h, d_off, dst.nbytes)
         code = f"bridge.device_to_host(DeviceRange(h{h.id}, {d_off}, {dst.nbytes}), {self.rname(dst)}, sync={sync})"
-        self._copy(outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code, sync, lost, at_once)
+        self._copy(
+            "copy_out", outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code, sync, lost, at_once
+        )
 
     def _copy(
-        self, outcome: object, call: Callable[[], Event], code: str, sync: bool, lost: bool, at_once: bool
+        self, op: str, outcome: object, call: Callable[[], Event], code: str, sync: bool, lost: bool, at_once: bool
     ) -> None:
         """With `lost`, the backend's query of an accepted asynchronous copy, right after it is
         submitted, fails: the copy returns an event that is already done and failed (a held copy
         is queried only once launched: nothing is lost then). With `at_once`, the fake finishes
         an asynchronous copy at submission (unless it fails): it ends as a synchronous one."""
+        if self.model.armed:  # the call reaches the backend at once: arm the fault
+            self.fake.fail_next(op)
+            self.emit(f'fake.fail_next("{op}")')
         lost = lost and isinstance(outcome, int) and not sync and self.model.uses[outcome].submitted
         if lost:
             self.emit('fake.fail_next("query")')

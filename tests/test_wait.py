@@ -21,6 +21,12 @@ from devbridge.backends.fake import FakeBackend
 from devbridge.backends.tinygrad import TinygradBackend
 
 
+@pytest.fixture
+def hung() -> FakeBackend:
+    """A fake whose wait blocks until a test (maybe on another thread) completes the work."""
+    return FakeBackend(run_on_wait=False)
+
+
 def two_copies(bridge: Bridge, ring: HostRing) -> list:  # type: ignore[type-arg]
     h = bridge.alloc_device(U8, 8)
     return [
@@ -30,9 +36,8 @@ def two_copies(bridge: Bridge, ring: HostRing) -> list:  # type: ignore[type-arg
 
 
 @pytest.mark.holds("WAIT-1")
-def test_wait_any_returns_the_event_another_thread_completes(ring: HostRing) -> None:
-    fake = FakeBackend(run_on_wait=False)
-    bridge = Bridge(fake)
+def test_wait_any_returns_the_event_another_thread_completes(ring: HostRing, hung: FakeBackend) -> None:
+    fake, bridge = hung, Bridge(hung)
     first, second = two_copies(bridge, ring)
     threading.Timer(0.05, fake.complete, [second]).start()
     start = time.monotonic()
@@ -43,9 +48,8 @@ def test_wait_any_returns_the_event_another_thread_completes(ring: HostRing) -> 
 
 
 @pytest.mark.holds("WAIT-1")
-def test_wait_all_waits_for_every_event_and_leaves_failures_on_them(ring: HostRing) -> None:
-    fake = FakeBackend(run_on_wait=False)
-    bridge = Bridge(fake)
+def test_wait_all_waits_for_every_event_and_leaves_failures_on_them(ring: HostRing, hung: FakeBackend) -> None:
+    fake, bridge = hung, Bridge(hung)
     first, second = two_copies(bridge, ring)
     threading.Timer(0.02, fake.fail, [first]).start()
     threading.Timer(0.05, fake.complete, [second]).start()
@@ -65,9 +69,8 @@ def test_wait_all_runs_held_copies_on_the_fake(bridge: Bridge, fake: FakeBackend
 
 @pytest.mark.rejects("WAIT-1")
 @pytest.mark.parametrize("call", ["wait_any", "wait_all"])
-def test_waits_time_out_and_change_nothing(call: str, ring: HostRing) -> None:
-    fake = FakeBackend(run_on_wait=False)
-    bridge = Bridge(fake)
+def test_waits_time_out_and_change_nothing(call: str, ring: HostRing, hung: FakeBackend) -> None:
+    bridge = Bridge(hung)
     events = two_copies(bridge, ring)
     start = time.monotonic()
     with pytest.raises(WaitTimeoutError) as e:
