@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devbridge.errors import CONTRACT_PATH
-from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rejection, load
+from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rejection, Rule, load
 from devbridge.statemachine.machine import build_machine
 
 MARKERS = ("holds", "rejects")
@@ -229,12 +229,23 @@ def _ordering_summary(lc: Lifecycle) -> list[str]:
 
 def _rule_block(lc: Lifecycle, rid: str, tests: dict[str, dict[str, list[str]]]) -> list[str]:
     rule = lc.rules[rid]
-    reported = f"`{rule.error}`" if rule.error else "nothing: the rule is kept by deferring, never by failing a call"
-    block = [f"#### {rid}", "", rule.text, "", f"- Reported by: {reported}"]
+    block = [f"#### {rid}", "", rule.text, "", f"- Reported by: {_reported(lc, rule)}"]
     block += [f"- Contract: {clause}" for clause in rule.seed]
-    for kind, title in (("holds", "Proved by"), ("rejects", "Violation rejected by")):
+    for kind, title in (("holds", "Proved by"), ("rejects", "Breach refused or deferred in")):
         block.append(f"- {title}: " + ", ".join(f"`{t}`" for t in sorted(tests[kind].get(rid, []))))
     return [*block, ""]
+
+
+def _reported(lc: Lifecycle, rule: Rule) -> str:
+    """How a breach of `rule` is kept, in words (the spec's `error` or `kept_by`)."""
+    if rule.error is not None:
+        return f"`{rule.error}`"
+    if rule.kept_by == "deferring":
+        return "nothing: a breach is kept by deferring the backend work, never by failing a call"
+    if rule.kept_by == "logging":
+        return "a WARNING on the `devbridge` logger naming what holds the allocation; its release is deferred"
+    keeper = lc.rules[str(rule.kept_by)]
+    return f"`{keeper.error}` of [{keeper.id}](#{anchor(keeper.id)}), which refuses a breach"
 
 
 def _check_alignment(lc: Lifecycle, bullets: list[tuple[str, str]], tests: dict[str, dict[str, list[str]]]) -> None:

@@ -34,6 +34,8 @@ COUNTERS = ("copies", "computes")
 #: How much of an allocation a use reads or writes (ORDER-1): its device range, or all of it.
 EXTENTS = frozenset({"range", "whole"})
 MODES = ("reads", "writes")
+#: How a rule without an error keeps a breach (besides naming the rule whose error refuses it).
+KEEPERS = ("deferring", "logging")
 #: Small counter values suffice for the invariant check: guards only tell 0, 1 and >1 apart.
 _COUNT_RANGE = range(0, 4)
 
@@ -99,6 +101,14 @@ class Rule:
     text: str
     error: str | None
     seed: tuple[str, ...]  # the contract bullets (spec/SEED.md) the rule implements
+    kept_by: str | None = None  # without an error: "deferring", "logging" or the refusing rule's ID
+
+    @property
+    def refused_as(self) -> str | None:
+        """The rule ID a refused breach of this rule cites, or None when a breach is not refused."""
+        if self.error is not None:
+            return self.id
+        return self.kept_by if self.kept_by not in KEEPERS else None
 
 
 @dataclass(frozen=True)
@@ -229,7 +239,7 @@ def parse(data: Mapping[str, Any]) -> Lifecycle:
             if r["id"] in rules:
                 raise SpecError(f"rule {r['id']} is defined twice")
             seed = tuple(" ".join(b.split()) for b in _as_list(r["seed"]))
-            rules[r["id"]] = Rule(r["id"], r["section"], r["text"], r.get("error"), seed)
+            rules[r["id"]] = Rule(r["id"], r["section"], r["text"], r.get("error"), seed, r.get("kept_by"))
         invariants = {i["id"]: Invariant(i["id"], i["text"]) for i in data["invariants"]}
         accesses = {a["use"]: Access(a["use"], a.get("reads"), a.get("writes"), a["doc"]) for a in data["accesses"]}
         hazards = tuple(Hazard(h["name"], h["earlier"], h["later"], h["doc"]) for h in data["hazards"])
@@ -276,6 +286,11 @@ def _check_names(lc: Lifecycle) -> None:
     for rule in lc.rules.values():
         if not rule.seed or not rule.section:
             raise SpecError(f"rule {rule.id} needs a section and at least one seed clause")
+        if (rule.error is None) == (rule.kept_by is None):
+            raise SpecError(f"rule {rule.id} needs exactly one of `error` and `kept_by`")
+        keeper = lc.rules.get(rule.kept_by or "")
+        if rule.kept_by is not None and rule.kept_by not in KEEPERS and (keeper is None or keeper.error is None):
+            raise SpecError(f"rule {rule.id}: kept_by must be one of {KEEPERS} or a rule with an error")
     for r in lc.rejections:
         if r.source not in lc.states or r.event not in lc.events or r.rule not in lc.rules:
             raise SpecError(f"rejection {r} names an unknown state, event or rule")

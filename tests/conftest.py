@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Generator
 
 import pytest
+import rules
 import tinygrad  # noqa: F401  # imported first: it raises the recursion limit, which Hypothesis would warn about
 from hypothesis import HealthCheck, settings
 
@@ -26,6 +28,33 @@ def bridge(fake: FakeBackend) -> Bridge:
 @pytest.fixture
 def ring() -> HostRing:
     return HostRing(1024)
+
+
+AUDIT = rules.MarkerAudit()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    AUDIT.collect(items, selected=False)  # before -k, -m and --deselect drop any
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    AUDIT.collect(session.items, selected=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """A `rejects(RULE)` marker counts only if the test asserted the kept breach (tests/rules.py)."""
+    rules.ASSERTED.clear()
+    try:
+        result = yield
+    finally:
+        unasserted = AUDIT.finish(item)
+    if unasserted:
+        pytest.fail(
+            f"marked rejects({', '.join(unasserted)}) but asserts no kept breach of it (tests/rules.py)", pytrace=False
+        )
+    return result
 
 
 # Hypothesis profiles: `ci` (derandomized, sized for a few minutes on 2 cores) is the
@@ -59,6 +88,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(stateful.COVERAGE.report())
 
 
+# `mutate`: scripts/mutate's second chance for a surviving mutant, seconds per run.
+settings.register_profile("mutate", settings.get_profile("ci"), max_examples=200, stateful_step_count=30)
 # `explore`: like `ci` but randomized, to check that `ci`'s coverage does not hang on one seed.
 settings.register_profile("explore", settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -59,7 +59,6 @@ def test_a_seeded_bug_that_fails_for_another_reason_is_not_counted_as_caught() -
     assert violation.kill not in KILLS["view_does_not_pin"]
 
 
-@pytest.mark.rejects("ORDER-1")
 @pytest.mark.parametrize("name", ["missing_raw_edge", "missing_war_edge", "missing_waw_edge"])
 def test_a_missing_hazard_edge_is_caught_by_the_issue_order_bytes_alone(name: str) -> None:
     """Without the fake's own ordering check, the model's issue-order bytes still catch each

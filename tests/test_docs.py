@@ -56,7 +56,7 @@ def test_every_clause_and_rule_appears_with_its_proving_tests() -> None:
     for rid in load().rules:
         block = doc.split(f"#### {rid}\n", 1)[1].split("\n#### ", 1)[0]
         assert re.search(r"- Proved by: `tests/test_\w+\.py::\w+`", block), rid
-        assert re.search(r"- Violation rejected by: `tests/test_\w+\.py::\w+`", block), rid
+        assert re.search(r"- Breach refused or deferred in: `tests/test_\w+\.py::\w+`", block), rid
 
 
 def test_the_diagram_has_every_spec_transition() -> None:

@@ -95,9 +95,33 @@ def _uncovered_guard(d: dict[str, Any]) -> None:
     ]  # fmt: skip
 
 
+def _rule(d: dict[str, Any], rid: str) -> dict[str, Any]:
+    return next(r for r in d["rules"] if r["id"] == rid)
+
+
+def _error_and_kept_by(d: dict[str, Any]) -> None:
+    _rule(d, "FREE-1")["error"] = "InvalidHandleError"  # a rule is refused or kept another way, not both
+
+
+def _neither(d: dict[str, Any]) -> None:
+    del _rule(d, "VIEW-3")["kept_by"]
+
+
+def _kept_by_a_rule_without_an_error(d: dict[str, Any]) -> None:
+    _rule(d, "H2D-2")["kept_by"] = "FREE-1"
+
+
+def _kept_by_nothing_known(d: dict[str, Any]) -> None:
+    _rule(d, "PIN-1")["kept_by"] = "hoping"
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
+        (_error_and_kept_by, "rule FREE-1 needs exactly one of `error` and `kept_by`"),
+        (_neither, "rule VIEW-3 needs exactly one of `error` and `kept_by`"),
+        (_kept_by_a_rule_without_an_error, "rule H2D-2: kept_by must be one of"),
+        (_kept_by_nothing_known, "rule PIN-1: kept_by must be one of"),
         (_drop_pair, "(allocated, free) is neither a transition nor a rejection"),
         (_unreachable, "unreachable"),
         (_dead_end, "cannot reach a terminal state"),

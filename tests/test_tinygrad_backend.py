@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends import tinygrad_compat as tg
@@ -184,10 +185,9 @@ def test_free_drops_the_buffer_at_once_on_an_idle_device_and_parks_it_while_work
 
 
 def test_allocation_failure_maps_to_backend_error() -> None:
-    from devbridge import DeviceAllocationError
 
     bridge = Bridge(TinygradBackend("CPU"))
-    with pytest.raises(DeviceAllocationError, match=r"\[ALLOC-2\]"):
+    with refused("ALLOC-2"):
         bridge.alloc_device(ObjectSpec("huge", "uint8"), 1 << 46)
 
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from rules import refused
 from support import U8, put
 
 from devbridge import (
@@ -73,9 +74,9 @@ def test_waits_time_out_and_change_nothing(call: str, ring: HostRing, hung: Fake
     bridge = Bridge(hung)
     events = two_copies(bridge, ring)
     start = time.monotonic()
-    with pytest.raises(WaitTimeoutError) as e:
+    with refused("WAIT-1") as e:
         getattr(bridge, call)(events, timeout=0.05)
-    assert e.value.rule == "WAIT-1" and isinstance(e.value, TimeoutError)
+    assert isinstance(e.value, TimeoutError)
     assert time.monotonic() - start < 10 and not any(ev.done() for ev in events)
     assert bridge.stats()["pending_events"] == 2
 
@@ -96,7 +97,7 @@ BAD = {
 @pytest.mark.parametrize("bad", sorted(BAD))
 def test_waits_refuse_anything_but_this_bridges_events(bad: str, bridge: Bridge, fake: FakeBackend) -> None:
     for call in (bridge.wait_any, bridge.wait_all):
-        with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+        with refused("ARG-1"):
             call(BAD[bad]())  # type: ignore[arg-type]
     assert fake.calls == []
 
@@ -110,7 +111,7 @@ def test_waits_refuse_other_bridges_events_an_empty_any_and_bad_timeouts(ring: H
     for call in (bridge.wait_any, bridge.wait_all):
         with pytest.raises(InvalidArgumentError, match="not an event of this bridge"):
             call([*mine, theirs])
-        with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+        with refused("ARG-1"):
             call(mine, timeout=-1)
     with pytest.raises(InvalidArgumentError, match="at least one event"):
         bridge.wait_any([])
@@ -128,7 +129,7 @@ def broken() -> object:
 
 @pytest.mark.rejects("ARG-1")
 def test_an_iterable_that_fails_as_it_is_read_is_an_arg_error(bridge: Bridge) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\]"):
+    with refused("ARG-1"):
         bridge.wait_any(broken())  # type: ignore[arg-type]
 
 
