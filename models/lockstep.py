@@ -528,8 +528,18 @@ class Lockstep:
     # ------------------------------------------------------------ invariants
 
     def check(self) -> None:
-        """Everything observable agrees with the model, and the spec's invariants hold."""
+        """Everything observable agrees with the model, and the spec's invariants hold: each
+        invariant's checks in the spec's order (`INVARIANT_CHECKS`)."""
+        for invariant in INVARIANT_CHECKS:
+            self.check_invariant(invariant)
+
+    def check_invariant(self, invariant: str) -> None:
+        """The checks of one spec invariant (INV-*), after settling what the model ended."""
         self.reconcile()
+        INVARIANT_CHECKS[invariant](self)
+
+    def check_counts(self) -> None:
+        """INV-COUNTS: the uses in flight, each allocation's state and its pins are the model's."""
         inflight = sorted(u for u, use in self.model.uses.items() if use.kind != "view")
         if inflight:
             self.emit(f"assert not any(e.done() for e in [{', '.join(f'e{u}' for u in inflight)}])")
@@ -543,23 +553,39 @@ class Lockstep:
         running_ok = {id(ev) for ev in self.fake.pending()} == tokens and len(tokens) == running
         agree(running_ok, "submitted", "the fake runs exactly the uses the model submitted")
         states = [self.model.state(h.id) for h in self.handles]
-        freed = self.model.frees
-        cursor = self.model.cursor()
-        frees = {"backend_frees": len(freed) - self.model.free_failures, "free_failures": self.model.free_failures}
-        if self.record:
-            self.emit(
-                f"assert [bridge.state(h) for h in [{', '.join(f'h{h.id}' for h in self.handles)}]] == {states!r}",
-                f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {freed!r}",
-                f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}",
-                f"assert ring.cursor == {cursor}",
-            )
+        self.emit(f"assert [bridge.state(h) for h in [{', '.join(f'h{h.id}' for h in self.handles)}]] == {states!r}")
         got = [self.bridge.state(h) for h in self.handles]
         agree(got == states, "states", f"states {got} differ from the model's {states}")
+        for h in self.handles:
+            self.check_pins(h)
+
+    def check_no_free_in_use(self) -> None:
+        """INV-NO-FREE-IN-USE (and INV-FREE-ONCE's at most once): the backend frees are the
+        model's, each after the last use; the fake's own checks never fired."""
+        freed = self.model.frees
+        self.emit(f"assert [c.buffer for c in fake.calls if c.op == 'free'] == {freed!r}")
         now = [c.buffer for c in self.fake.calls if c.op == "free"]
         agree(now == freed, "frees", f"backend frees {now}, the model's {freed} (never in use, each once)")
+        assert self.fake.violations == [], self.fake.violations  # each was raised where it happened
+
+    def check_free_once(self) -> None:
+        """INV-FREE-ONCE: free counts are the model's; at quiescence nothing freed is still held."""
+        frees = {"backend_frees": len(self.model.frees) - self.model.free_failures}
+        frees["free_failures"] = self.model.free_failures
+        self.emit(f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}")
         stats = self.bridge.stats()
         agree({k: stats[k] for k in frees} == frees, "frees", "backend free counts differ")
-        assert self.fake.violations == [], self.fake.violations  # each was raised where it happened
+        if not self.model.uses:
+            held = self.model.held()
+            self.emit(f"assert fake.live_allocations == {held}")
+            assert self.model.quiescent_leaks() == []
+            agree(self.fake.live_allocations == held, "leak", "a freed allocation is still held at quiescence")
+
+    def check_cursor(self) -> None:
+        """INV-CURSOR: the cursor is monotone and stops at the first unreleased byte; every
+        reservation's released status is the model's."""
+        cursor = self.model.cursor()
+        self.emit(f"assert ring.cursor == {cursor}")
         agree(self.ring.cursor >= self.cursor, "cursor", "cursor moved backwards")
         agree(self.ring.cursor == cursor, "cursor", "cursor passed an unreleased byte or stopped early")
         self.cursor = self.ring.cursor
@@ -568,21 +594,26 @@ class Lockstep:
             assert isinstance(released, bool), "a reservation's bytes were reserved"
             self.emit(f"assert ring.released(r{k}) is {released}")
             agree(self.ring.released(r) == released, "release-status", f"release status of {r}")
-            if not released and set(self.span(r)) <= self.model.unreleased:
+
+    def check_output(self) -> None:
+        """INV-OUTPUT: host bytes are readable exactly when the model says, holding its bytes."""
+        for k, r in enumerate(self.reservations):
+            if set(self.span(r)) <= self.model.unreleased:
                 self.probe_view(k, r)
+
+    def check_exact(self) -> None:
+        """INV-EXACT: every live allocation's device bytes are the model's issue-order bytes."""
         for h in self.handles:
-            self.check_pins(h)
-            alloc = self.model.allocs[h.id]
-            if not alloc.released:
+            if not self.model.allocs[h.id].released:
                 expected = self.model.device_bytes(h.id)
                 self.emit(f"assert bytes(fake.buffer({h.id}).data) == {expected!r}")
                 ok = bytes(self.fake.buffer(h.id).data) == expected
                 agree(ok, "device-bytes", f"device bytes of #{h.id} differ from the issue order's")
-        if not self.model.uses:
-            held = self.model.held()
-            self.emit(f"assert fake.live_allocations == {held}")
-            assert self.model.quiescent_leaks() == []
-            agree(self.fake.live_allocations == held, "leak", "a freed allocation is still held at quiescence")
+
+    def check_generation(self) -> None:
+        """INV-GENERATION: the fake refuses a touch of old memory where it happens (FakeViolation
+        `old-generation`); none was swallowed."""
+        assert self.fake.violations == [], self.fake.violations
 
     def check_pins(self, h: DeviceHandle) -> None:
         """bridge.pins agrees with the model's uses in flight (a view counts while any tensor
@@ -624,3 +655,15 @@ class Lockstep:
 
     def test_source(self) -> str:
         return "\n".join([*SCRIPT_HEADER, *self.script]) + "\n"
+
+
+#: Each spec invariant's checks, in the spec's order (a test asserts they are the spec's).
+INVARIANT_CHECKS: dict[str, Callable[[Lockstep], None]] = {
+    "INV-COUNTS": Lockstep.check_counts,
+    "INV-NO-FREE-IN-USE": Lockstep.check_no_free_in_use,
+    "INV-FREE-ONCE": Lockstep.check_free_once,
+    "INV-CURSOR": Lockstep.check_cursor,
+    "INV-OUTPUT": Lockstep.check_output,
+    "INV-EXACT": Lockstep.check_exact,
+    "INV-GENERATION": Lockstep.check_generation,
+}

@@ -76,9 +76,10 @@ def cursor_jumps_a_hole() -> Iterator[None]:
         yield
 
 
-@mutant("refused:GEN-2")
+@mutant("refused:GEN-2", "refused:EVENT-1")
 def stale_handle_accepted() -> Iterator[None]:
-    """Handles of an older generation pass the core's check."""
+    """Handles of an older generation pass the core's check: a call on one is not refused
+    (GEN-2), and an end the core must refuse for an old allocation is accepted (EVENT-1)."""
     original = LifecycleCore.check
 
     def check(self: LifecycleCore, handles: Any, *args: Any, **kwargs: Any) -> None:
@@ -239,10 +240,12 @@ def missing_raw_edge() -> Iterator[None]:
     yield from _without_hazard("RAW")
 
 
-@mutant("fake:order")
+@mutant("fake:order", "refused:EVENT-1")
 def missing_war_edge() -> Iterator[None]:
     """A write does not follow the read in flight before it: an asynchronous host_to_device may
-    overwrite bytes an earlier device_to_host has not read yet."""
+    overwrite bytes an earlier device_to_host has not read yet. (When the read is held back, the
+    fake never sees it; a compute that should have waited for it leaves it in flight, so a copy
+    end the model refuses is accepted: refused:EVENT-1.)"""
     yield from _without_hazard("WAR")
 
 

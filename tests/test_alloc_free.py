@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from rules import deferred, refused
 from support import F32, U8, put, read_device, snapshot
@@ -255,3 +257,15 @@ def test_an_exact_copy_of_an_issued_handle_is_the_same_capability(bridge: Bridge
     assert bridge.state(h) == "freed" and fake.ops() == ["alloc", "free"]
     with refused("HANDLE-1"):
         bridge.free_device(dataclasses.replace(h, extent=32))  # a dead handle, altered: still forged
+
+
+@pytest.mark.rejects("HANDLE-1")
+@pytest.mark.parametrize("alloc_id", [-1, -2, 1 << 62])
+def test_a_handle_with_an_id_never_issued_is_forged_not_freed(bridge: Bridge, fake: FakeBackend, alloc_id: int) -> None:
+    """A negative id must not index the bridge's records from the end."""
+    a, b = bridge.alloc_device(U8, 8), bridge.alloc_device(U8, 8)
+    forged = dataclasses.replace(b, id=alloc_id)
+    for call in (bridge.free_device, bridge.state, bridge.compute, bridge.pins):
+        with refused("HANDLE-1"):
+            call(forged)
+    assert [bridge.state(a), bridge.state(b)] == ["allocated", "allocated"] and fake.ops() == ["alloc", "alloc"]

@@ -249,3 +249,28 @@ def test_a_backend_failing_every_operation_at_random_loses_nothing(seed: int) ->
     live = stats["live_allocations"]
     assert stats["backend_frees"] == len(attempted) and stats["free_failures"] == faulty.injected["free"]
     assert fake.live_allocations == live + stats["free_failures"], "a buffer was leaked without a report"
+
+
+@pytest.mark.holds("FAULT-1", "COPY-F", "COMPUTE-F")
+def test_stats_count_each_call_and_each_failure_once(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
+    h, other = bridge.alloc_device(U8, 16), bridge.alloc_device(U8, 8)
+    fake.fail_next("alloc")
+    with refused("ALLOC-2"):
+        bridge.alloc_device(U8, 8)
+    bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4))
+    fake.fail_next("copy_in")
+    with refused("COPY-F"):
+        bridge.host_to_device(put(ring, b"efgh"), DeviceRange(h, 4, 4))  # counted as a failure, not a copy
+    copy = bridge.host_to_device(put(ring, b"ijkl"), DeviceRange(h, 8, 4), sync=False)
+    fake.fail_next("compute")
+    compute = bridge.compute(other)
+    zero = dict.fromkeys(bridge.stats(), 0)
+    base = zero | {"live_allocations": 2, "live_bytes": 24, "allocs": 2, "copies_in": 2, "bytes_in": 8,
+                   "computes": 1, "copy_failures": 1, "alloc_failures": 1}  # fmt: skip
+    assert bridge.stats() == base | {"pending_events": 2, "inflight_uses": 2}
+    fake.complete(compute)  # armed: it fails
+    bridge.free_device(h)  # the async copy still writes it: deferred
+    failed = {"compute_failures": 1, "deferred_frees": 1}
+    assert bridge.stats() == base | failed | {"pending_events": 1, "inflight_uses": 1}
+    fake.complete(copy)
+    assert bridge.stats() == base | failed | {"live_allocations": 1, "live_bytes": 8, "backend_frees": 1}

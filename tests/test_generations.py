@@ -9,7 +9,7 @@ from rules import assert_refused, refused
 from support import U8, put, read_device, snapshot
 
 from devbridge import Bridge, DeviceRange, HostRing, OutputNotReadyError, StaleHandleError, TensorViewSpec
-from devbridge.backends.fake import FakeBackend, FakeViolation
+from devbridge.backends.fake import Call, FakeBackend, FakeViolation
 
 
 @pytest.mark.holds("GEN-1")
@@ -125,3 +125,12 @@ def test_fake_refuses_to_free_busy_or_freed_memory(fake: FakeBackend) -> None:
     with pytest.raises(FakeViolation, match="freed twice"):
         fake.free(buf)
     assert len(fake.violations) == 2
+
+
+@pytest.mark.holds("GEN-1")
+def test_restart_tells_the_backend_the_new_generation(bridge: Bridge, fake: FakeBackend) -> None:
+    bridge.restart()
+    bridge.restart()
+    assert (bridge.generation, fake.generation) == (2, 2)
+    h = bridge.alloc_device(U8, 4)
+    assert h.generation == 2 and fake.calls == [Call("alloc", 0, 0, 4, generation=2)]

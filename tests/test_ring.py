@@ -6,7 +6,8 @@ import pytest
 from rules import refused
 from support import put
 
-from devbridge import HostRange, HostRing, RangeError, RingFullError
+from devbridge import Bridge, DeviceRange, HostRange, HostRing, ObjectSpec, RangeError, RingFullError
+from devbridge.backends.fake import FakeBackend
 
 
 @pytest.mark.holds("RING-1")
@@ -157,3 +158,27 @@ def test_released_refuses_bytes_that_were_never_reserved() -> None:
     assert ring.released(r) is False
     ring.release(r)
     assert ring.released(r) is True
+
+
+def test_snapshot_changes_with_every_ring_operation_and_only_then() -> None:
+    """Tests compare snapshots to prove a refused call changed nothing: each change must show."""
+    fake, ring = FakeBackend(), HostRing(64)
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(ObjectSpec("x", "uint8"), 16)
+    seen = [ring.snapshot()]
+    a = put(ring, b"a" * 16)
+    seen.append(ring.snapshot())
+    b = ring.reserve(8)
+    seen.append(ring.snapshot())
+    ev = bridge.host_to_device(a, DeviceRange(h, 0, 16), sync=False)  # a pending read of a
+    seen.append(ring.snapshot())
+    out = bridge.device_to_host(DeviceRange(h, 0, 8), b, sync=False)  # a pending write of b
+    seen.append(ring.snapshot())
+    fake.complete(ev)
+    seen.append(ring.snapshot())
+    fake.complete(out)
+    seen.append(ring.snapshot())
+    ring.release(b)
+    seen.append(ring.snapshot())
+    assert len(set(seen)) == len(seen), seen
+    assert ring.snapshot() == seen[-1] and HostRing(64).snapshot() == seen[0]

@@ -203,3 +203,44 @@ def test_a_release_still_waiting_is_logged_once_with_its_spec_name(
     assert "free" not in fake.ops()
     del lazy
     assert bridge.poll() == 1 and fake.ops() == ["alloc", "view", "free"]
+
+
+@pytest.mark.holds("VIEW-3", "FREE-1")
+def test_a_free_after_the_views_tensor_was_collected_frees_at_once(bridge: Bridge, fake: FakeBackend) -> None:
+    h = bridge.alloc_device(U8, 16)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((16,), "uint8"))
+    del view
+    gc.collect()
+    bridge.free_device(h)  # no poll() first: the free itself sees the view is gone
+    assert bridge.state(h) == "freed" and fake.ops() == ["alloc", "view", "free"]
+    assert bridge.stats()["deferred_frees"] == 0
+
+
+class Extending(FakeBackend):
+    """Records the compute markers the bridge extends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.extended: list[int] = []
+
+    def extend(self, token: object) -> None:
+        self.extended.append(self._resolve(token).id)
+        super().extend(token)
+
+
+@pytest.mark.holds("COMPUTE-F")
+@pytest.mark.parametrize("close", ["block-exit", "wait-inside-the-block"])
+def test_closing_a_compute_block_extends_its_marker_then_settles_it(close: str) -> None:
+    """The marker must cover the work the block queued: the bridge extends it when the block
+    closes (by exiting, or by a wait inside it), then settles a marker already done."""
+    fake = Extending()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    with bridge.compute(h) as ev:
+        fake.complete(ev)  # the marker completes while the block still enqueues work
+        assert fake.extended == [] and ev.open and not ev.done()
+        if close == "wait-inside-the-block":
+            ev.wait(timeout=5)
+            assert fake.extended == [0] and not ev.open and ev.done()
+    assert fake.extended == [0]  # once
+    assert ev.done() and ev.error is None and not ev.open and bridge.state(h) == "idle"

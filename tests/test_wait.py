@@ -151,3 +151,38 @@ def test_wait_any_on_tinygrad_copies_blocks_until_the_copy_thread_finishes() -> 
     out = ring.reserve(1 << 16)
     bridge.device_to_host(DeviceRange(h, 0, 1 << 16), out)
     assert bytes(ring.view(out)) == b"\1" * (1 << 15) + b"\2" * (1 << 15)
+
+
+@pytest.mark.holds("WAIT-1")
+def test_event_wait_returns_when_another_thread_completes_it(ring: HostRing, hung: FakeBackend) -> None:
+    bridge = Bridge(hung)
+    first, second = two_copies(bridge, ring)
+    assert (first.done(), first.error) == (False, None)  # pending: no verdict yet
+    threading.Timer(0.05, hung.complete, [first]).start()
+    start = time.monotonic()
+    first.wait(timeout=30)
+    assert time.monotonic() - start < 10  # a hang detector: it returned at completion, not at the deadline
+    assert first.done() and first.error is None and not second.done()
+
+
+class Deaf(FakeBackend):
+    """A backend that cannot report completions (the protocol allows it): the bridge must ask."""
+
+    def subscribe(self, callback: object) -> bool:  # type: ignore[override]
+        return False
+
+
+@pytest.mark.holds("WAIT-1")
+@pytest.mark.parametrize("call", ["wait_any", "wait_all"])
+def test_waits_on_a_backend_that_cannot_report_completions_query_it(call: str, ring: HostRing) -> None:
+    fake = Deaf(run_on_wait=False)
+    bridge = Bridge(fake)
+    first, second = two_copies(bridge, ring)
+    threading.Timer(0.05, fake.complete, [second]).start()
+    threading.Timer(0.05, fake.complete, [first]).start()
+    if call == "wait_any":
+        got = bridge.wait_any([first, second], timeout=30)
+        assert got in (first, second) and got.done() and got.error is None
+    else:
+        bridge.wait_all([first, second], timeout=30)
+        assert first.done() and second.done() and bridge.stats()["pending_events"] == 0

@@ -1,0 +1,206 @@
+"""The fake backend's own checks, without a bridge: each one a bug in the bridge would trip.
+
+The stateful tests and the checker rely on these checks to catch a bridge bug where it happens
+(a free while a copy is pending, a range past the buffer, ...), so each is shown to fire, with
+its kind, its message on record and nothing else changed, and the fake's memory conventions
+(guard bytes, poison after free) are shown as the checks assume them.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from devbridge.backends.base import BackendError
+from devbridge.backends.fake import GUARD, GUARD_BYTE, POISON_BYTE, Call, FakeBackend, FakeViolation
+
+
+def violation(fake: FakeBackend, call: Callable[[], object]) -> tuple[str, str]:
+    """The kind and message of the FakeViolation `call` raises; the message is on record."""
+    recorded = len(fake.violations)
+    with pytest.raises(FakeViolation) as e:
+        call()
+    assert fake.violations[recorded:] == [str(e.value)]
+    return e.value.kind, str(e.value)
+
+
+def test_a_new_buffer_is_zeroed_between_guard_bytes() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    raw = fake.buffer(0).raw
+    assert buf == 0 and len(raw) == 8 + 2 * GUARD
+    assert raw[:GUARD].tolist() == [GUARD_BYTE] * GUARD and raw[GUARD + 8 :].tolist() == [GUARD_BYTE] * GUARD
+    assert fake.buffer(0).data.tolist() == [0] * 8
+    assert fake.calls == [Call("alloc", 0, 0, 8)] and fake.live_allocations == 1
+
+
+def test_a_freed_buffer_is_poisoned_and_no_longer_live() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(4, "uint8")
+    fake.copy_in(buf, 0, memoryview(b"abcd"), sync=True)
+    fake.free(buf)
+    assert fake.buffer(0).freed and fake.buffer(0).data.tobytes() == bytes([POISON_BYTE]) * 4
+    assert fake.live_allocations == 0 and fake.ops() == ["alloc", "copy_in", "free"]
+
+
+def test_allocations_past_the_capacity_fail_and_freed_bytes_count_again() -> None:
+    fake = FakeBackend(capacity=16)
+    a = fake.alloc(12, "uint8")
+    with pytest.raises(BackendError, match="cannot allocate 8 B"):
+        fake.alloc(8, "uint8")
+    fake.free(a)
+    fake.alloc(16, "uint8")  # the freed 12 B are free again
+    assert fake.live_allocations == 1
+
+
+@pytest.mark.parametrize("buffer", [99, -1, "0", None])
+def test_unknown_buffers_are_refused(buffer: object) -> None:
+    fake = FakeBackend()
+    fake.alloc(8, "uint8")
+    assert violation(fake, lambda: fake.free(buffer))[0] == "unknown-buffer"
+    kind, message = violation(fake, lambda: fake.copy_in(buffer, 0, memoryview(b"x"), sync=True))
+    assert (kind, message) == ("unknown-buffer", f"copy_in on unknown buffer {buffer!r}")
+    assert fake.ops() == ["alloc"] and not fake.buffer(0).freed
+
+
+def test_a_double_free_is_refused() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.free(buf)
+    assert violation(fake, lambda: fake.free(buf)) == ("double-free", "buffer #0 freed twice")
+
+
+def test_a_free_while_a_pending_event_uses_the_buffer_is_refused() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    ev = fake.copy_in(buf, 0, memoryview(b"abcd"), sync=False)
+    assert violation(fake, lambda: fake.free(buf)) == ("free-in-use", "buffer #0 freed while events [0] use it")
+    assert not fake.buffer(0).freed
+    fake.complete(ev)
+    fake.free(buf)  # fine once the copy is done
+    assert fake.buffer(0).freed
+
+
+def test_a_free_under_a_live_view_is_refused_until_the_view_is_collected() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(16, "uint8")
+    view = fake.view(buf, 0, (16,), "uint8")
+    assert violation(fake, lambda: fake.free(buf)) == (
+        "free-under-view", "buffer #0 freed while 1 view(s) can read it",
+    )  # fmt: skip
+    del view
+    gc.collect()
+    fake.free(buf)
+    assert fake.buffer(0).freed
+
+
+@pytest.mark.parametrize("op", ["copy_in", "copy_out", "compute", "view"])
+def test_a_freed_buffer_cannot_be_touched(op: str) -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(16, "uint8")
+    fake.free(buf)
+    touch = {
+        "copy_in": lambda: fake.copy_in(buf, 0, memoryview(b"x"), sync=True),
+        "copy_out": lambda: fake.copy_out(memoryview(bytearray(1)), buf, 0, sync=True),
+        "compute": lambda: fake.compute([buf]),
+        "view": lambda: fake.view(buf, 0, (16,), "uint8"),
+    }[op]
+    assert violation(fake, touch) == ("freed-buffer", f"{op} on freed buffer #0")
+
+
+def test_an_old_generations_buffer_cannot_be_touched() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.begin_generation(1)
+    kind, message = violation(fake, lambda: fake.copy_in(buf, 0, memoryview(b"x"), sync=True))
+    assert (kind, message) == ("old-generation", "copy_in on buffer #0 of old generation 0")
+    fake.free(buf)  # freeing old memory is what a restart does: allowed
+    assert fake.calls[-1] == Call("free", 0, generation=1)
+
+
+@pytest.mark.parametrize(("offset", "nbytes"), [(-1, 1), (0, 9), (8, 1), (4, 5)])
+def test_ranges_outside_the_buffer_are_refused(offset: int, nbytes: int) -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    kind, message = violation(fake, lambda: fake.copy_in(buf, offset, memoryview(bytes(nbytes)), sync=True))
+    assert (kind, message) == ("out-of-bounds", f"copy_in [{offset}, {offset + nbytes}) outside buffer #0 of 8 B")
+    assert fake.buffer(0).raw[:GUARD].tolist() == [GUARD_BYTE] * GUARD  # nothing was written
+    assert fake.buffer(0).data.tolist() == [0] * 8
+
+
+def test_a_view_at_an_offset_tinygrad_would_crash_on_is_refused() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(32, "float32")
+    kind, message = violation(fake, lambda: fake.view(buf, 4, (4,), "float32"))
+    assert (kind, message) == ("unaligned-view", "view at offset 4 of buffer #0 would crash tinygrad's CPU kernels")
+
+
+@pytest.mark.parametrize("side", ["before", "after"])
+@pytest.mark.parametrize("caught_by", ["copy_in", "free"])
+def test_bytes_written_outside_a_buffer_are_caught_at_its_next_write_or_its_free(side: str, caught_by: str) -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.buffer(0).raw[GUARD - 1 if side == "before" else GUARD + 8] = 0  # an off-by-one memmove's doing
+    if caught_by == "copy_in":
+        call: Callable[[], object] = lambda: fake.copy_in(buf, 0, memoryview(b"ok"), sync=True)  # noqa: E731
+    else:
+        call = lambda: fake.free(buf)  # noqa: E731
+    assert violation(fake, call) == ("guard-bytes", "bytes outside buffer #0 were written")
+
+
+def test_an_armed_failure_fails_the_next_calls_of_its_op_only() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.fail_next("copy_in", 2)
+    for _ in range(2):
+        with pytest.raises(BackendError, match="copy_in failed"):
+            fake.copy_in(buf, 0, memoryview(b"x"), sync=True)
+    fake.copy_in(buf, 0, memoryview(b"y"), sync=True)
+    fake.copy_out(memoryview(bytearray(1)), buf, 0, sync=True)
+    assert fake.buffer(0).data[:1].tobytes() == b"y" and fake.violations == []
+
+
+def test_an_async_copy_moves_its_bytes_at_completion_and_a_failed_one_never() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    ok = fake.copy_in(buf, 0, memoryview(b"good"), sync=False)
+    fake.fail_next("copy_in")
+    bad = fake.copy_in(buf, 4, memoryview(b"lost"), sync=False)
+    assert fake.buffer(0).data.tobytes() == bytes(8) and fake.query(ok).done is False
+    fake.complete(ok)
+    fake.complete(bad)  # armed: completes as failed
+    assert fake.query(ok).error is None and fake.query(bad).error == "fake: copy_in failed"
+    assert fake.buffer(0).data.tobytes() == b"good" + bytes(4)
+    with pytest.raises(ValueError, match="not pending"):
+        fake.complete(ok)
+
+
+def test_snapshot_changes_with_every_call_bytes_and_status() -> None:
+    fake = FakeBackend()
+    seen = [fake.snapshot()]
+    buf = fake.alloc(8, "uint8")
+    seen.append(fake.snapshot())
+    ev = fake.copy_in(buf, 0, memoryview(b"ab"), sync=False)
+    seen.append(fake.snapshot())
+    fake.complete(ev)
+    seen.append(fake.snapshot())
+    fake.fail_next("free")
+    seen.append(fake.snapshot())
+    assert len(set(map(repr, seen))) == len(seen)
+    assert fake.snapshot() == seen[-1]  # and only then
+
+
+def test_subscribers_hear_every_completion_with_its_event() -> None:
+    fake = FakeBackend()
+    heard: list[int] = []
+    assert fake.subscribe(lambda ev: heard.append(ev.id)) is True  # type: ignore[attr-defined]
+    buf = fake.alloc(8, "uint8")
+    a = fake.copy_in(buf, 0, memoryview(b"a"), sync=False)
+    b = fake.copy_in(buf, 4, memoryview(b"b"), sync=False)
+    fake.fail(b)
+    fake.complete(a)
+    assert heard == [1, 0]
+    assert np.array_equal(fake.buffer(0).data[:1], [ord("a")])
