@@ -186,3 +186,14 @@ def test_waits_on_a_backend_that_cannot_report_completions_query_it(call: str, r
     else:
         bridge.wait_all([first, second], timeout=30)
         assert first.done() and second.done() and bridge.stats()["pending_events"] == 0
+
+
+@pytest.mark.holds("COPY-F")
+def test_an_events_error_asks_the_backend_when_it_cannot_report_completions(ring: HostRing) -> None:
+    fake = Deaf(run_on_wait=False)
+    bridge = Bridge(fake)
+    first, second = two_copies(bridge, ring)
+    fake.fail(first)  # nothing tells the bridge: reading .error must ask the backend
+    fake.complete(second)
+    assert isinstance(first.error, DeviceCopyError) and first.error.rule == "COPY-F"
+    assert second.error is None and second.done()

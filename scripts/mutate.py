@@ -1,0 +1,477 @@
+"""Mutation testing: seed one small bug at a time into the core files and run the tests that cover it.
+
+A mutant is one source edit (an operator, a constant, a deleted call or raise, a return value)
+made by splicing the file's text at an AST node, so every other byte and line stays put. It is
+killed when a test that covers its line fails (or hangs); it survives when they all pass.
+
+Each mutant runs in a copy of the checkout (one per job), imported through PYTHONPATH, so the
+checkout itself is never touched. Which tests run: the ones coverage.py saw executing the
+mutated lines in one run of the fast subset, fastest first, stopping at the first failure. A
+mutant that survives them gets a second chance against the stateful tests (their `mutate`
+Hypothesis profile), which cover everything but take seconds each.
+
+Survivors are listed in the report; one that no test can kill (it changes nothing observable)
+belongs in scripts/equivalent-mutants.toml with a one-line reason. The score of a file is
+killed / (mutants - equivalent).
+
+    scripts/mutate                       # all six files, 2 jobs; report in mutation-report.md
+    scripts/mutate --files devbridge/ring.py --jobs 1
+    scripts/mutate --list                # the mutants, without running anything
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = (
+    "statemachine/core.py",
+    "statemachine/machine.py",
+    "devbridge/bridge.py",
+    "devbridge/ring.py",
+    "devbridge/events.py",
+    "backends/fake.py",
+)
+EQUIVALENT = ROOT / "scripts" / "equivalent-mutants.toml"
+#: Too slow to run for every mutant: they only see the survivors of the rest.
+SLOW = ("tests/test_stateful.py", "tests/test_checker.py")
+#: Not run at all: they time the machine or run the bench, the example or pytest in a child
+#: process (lines they run are not seen), or seed bugs of their own (test_mutants).
+SKIPPED = ("tests/test_bench.py", "tests/test_example.py", "tests/test_markers.py", "tests/test_mutants.py")
+
+COMPARE = {
+    ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
+    ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is"),
+    ast.In: ("in", "not in"), ast.NotIn: ("not in", "in"),
+}  # fmt: skip
+BINARY = {
+    ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "/"), ast.Div: ("/", "*"),
+    ast.FloorDiv: ("//", "/"), ast.Mod: ("%", "/"), ast.BitAnd: ("&", "|"), ast.BitOr: ("|", "&"),
+    ast.BitXor: ("^", "&"), ast.LShift: ("<<", ">>"), ast.RShift: (">>", "<<"),
+}  # fmt: skip
+BOOLEAN = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str
+    function: str  # qualified name of the enclosing def or class ("<module>" at top level)
+    kind: str  # compare, binary, augassign, boolean, not, negate, number, bool, return, delete, loop
+    original: str
+    mutated: str
+    line: int
+    end_line: int
+    start: int  # character offsets of the replaced text in the file
+    end: int
+    nth: int = 0  # among mutants with the same file, function, kind and texts
+
+    @property
+    def key(self) -> str:
+        """Stable across unrelated edits: no line numbers."""
+        return f"{self.file}::{self.function}::{self.kind}::{self.original} -> {self.mutated}::{self.nth}"
+
+    def apply(self, source: str) -> str:
+        return source[: self.start] + self.mutated + source[self.end :]
+
+
+# ---------------------------------------------------------------- making mutants
+
+
+class _Finder(ast.NodeVisitor):
+    """Walks one file and yields the mutants of each node, skipping annotations and docstrings."""
+
+    def __init__(self, file: str, source: str) -> None:
+        self.file, self.source = file, source
+        self.offsets = [0]
+        for line in source.splitlines(keepends=True):
+            self.offsets.append(self.offsets[-1] + len(line))
+        self.scope: list[str] = []
+        self.found: list[Mutant] = []
+
+    def pos(self, line: int, col: int) -> int:
+        # ast columns are UTF-8 byte offsets
+        text = self.source[self.offsets[line - 1] : self.offsets[line]]
+        return self.offsets[line - 1] + len(text.encode()[:col].decode())
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        return (
+            self.pos(node.lineno, node.col_offset),  # type: ignore[attr-defined]
+            self.pos(node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
+        )
+
+    def add(self, kind: str, node: ast.AST, start: int, end: int, mutated: str) -> None:
+        original = self.source[start:end]
+        if original == mutated or "no mutate" in self.source[self.offsets[node.lineno - 1] : self.offsets[node.lineno]]:  # type: ignore[attr-defined]
+            return
+        self.found.append(
+            Mutant(self.file, ".".join(self.scope) or "<module>", kind, original, mutated,
+                   node.lineno, node.end_lineno or node.lineno, start, end)  # type: ignore[attr-defined]
+        )  # fmt: skip
+
+    def operator_between(self, kind: str, node: ast.AST, left: ast.AST, right: ast.AST, op: str, new: str) -> None:
+        """Replace the operator token `op` in the text between two operands (one occurrence)."""
+        gap_start, gap_end = self.span(left)[1], self.span(right)[0]
+        gap = self.source[gap_start:gap_end]
+        code = gap.split("#")[0] if "\n" not in gap else gap
+        words = code.replace("(", " ").replace(")", " ").split()
+        if " ".join(words) != op:
+            return
+        at = gap.index(op.split()[0])
+        end = gap.rindex(op.split()[-1]) + len(op.split()[-1])
+        self.add(kind, node, gap_start + at, gap_start + end, new)
+
+    # scopes
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.scope.append(node.name)
+        for stmt in node.body[1:] if _docstring(node.body) else node.body:
+            self.visit(stmt)
+        for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
+            self.visit(default)
+        self.scope.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.scope.append(node.name)
+        for stmt in node.body[1:] if _docstring(node.body) else node.body:
+            self.visit(stmt)
+        self.scope.pop()
+
+    def visit_Module(self, node: ast.Module) -> None:
+        for stmt in node.body[1:] if _docstring(node.body) else node.body:
+            self.visit(stmt)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_If(self, node: ast.If) -> None:
+        if ast.unparse(node.test) == "TYPE_CHECKING":
+            return
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        return
+
+    # expressions
+    def visit_Compare(self, node: ast.Compare) -> None:
+        operands = [node.left, *node.comparators]
+        for i, op in enumerate(node.ops):
+            old, new = COMPARE[type(op)]
+            self.operator_between("compare", node, operands[i], operands[i + 1], old, new)
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if type(node.op) in BINARY:
+            old, new = BINARY[type(node.op)]
+            self.operator_between("binary", node, node.left, node.right, old, new)
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        old, new = BOOLEAN[type(node.op)]
+        for left, right in zip(node.values, node.values[1:], strict=False):
+            self.operator_between("boolean", node, left, right, old, new)
+        self.generic_visit(node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
+        start = self.span(node)[0]
+        prefix = self.source[start : self.span(node.operand)[0]]  # the operator, then maybe "("
+        if isinstance(node.op, ast.Not):
+            self.add("not", node, start, start + len(prefix), prefix.removeprefix("not").lstrip())
+        elif isinstance(node.op, ast.USub) and not isinstance(node.operand, ast.Constant):
+            self.add("negate", node, start, start + len(prefix), prefix.removeprefix("-").lstrip())
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        start, end = self.span(node)
+        if isinstance(node.value, bool):
+            self.add("bool", node, start, end, str(not node.value))
+        elif isinstance(node.value, int):
+            self.add("number", node, start, end, str(node.value + 1))
+        elif isinstance(node.value, float):
+            self.add("number", node, start, end, repr(node.value + 1.0))
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        return  # messages: their words are not behaviour (tests that match them are not the point)
+
+    # statements
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if type(node.op) in BINARY:
+            old, new = BINARY[type(node.op)]
+            self.operator_between("augassign", node, node.target, node.value, old + "=", new + "=")
+        self.generic_visit(node)
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            start, end = self.span(node)
+            self.add("return", node, start, end, "return None")
+        self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Call):
+            start, end = self.span(node)
+            self.add("delete", node, start, end, "pass")
+        self.generic_visit(node)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        start, end = self.span(node)
+        self.add("delete", node, start, end, "pass")
+        self.generic_visit(node)
+
+    def visit_Break(self, node: ast.Break) -> None:
+        self.add("loop", node, *self.span(node), "continue")
+
+    def visit_Continue(self, node: ast.Continue) -> None:
+        self.add("loop", node, *self.span(node), "break")
+
+
+def _docstring(body: list[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+
+
+def mutants_of(file: str, source: str) -> list[Mutant]:
+    finder = _Finder(file, source)
+    finder.visit(ast.parse(source))
+    seen: Counter[tuple[str, str, str, str]] = Counter()
+    numbered = []
+    for m in sorted(finder.found, key=lambda m: (m.start, m.end, m.kind)):
+        ident = (m.function, m.kind, m.original, m.mutated)
+        numbered.append(Mutant(**{**asdict(m), "nth": seen[ident]}))
+        seen[ident] += 1
+    for m in numbered:  # every mutant must still be Python
+        try:
+            ast.parse(m.apply(source))
+        except SyntaxError as e:
+            raise SystemExit(f"a mutant is not Python ({e}): {m}") from e
+    return numbered
+
+
+# ---------------------------------------------------------------- running them
+
+
+def checkout_copy(dest: Path) -> Path:
+    """The working tree's files (tracked and untracked, not ignored) copied to dest."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        src = ROOT / name.decode()
+        if src.is_file():
+            (dest / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name.decode())
+    return dest
+
+
+def pytest_cmd(copy: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(copy), "HYPOTHESIS_PROFILE": "mutate", "PYTHONDONTWRITEBYTECODE": "1"}
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], env
+
+
+def coverage_map(base: Path) -> tuple[dict[str, dict[int, set[str]]], dict[str, float]]:
+    """{file: {line: {test function node id}}} and {test function node id: seconds}, from one run
+    of every test but the skipped ones under coverage.py with per-test contexts."""
+    rc = base / ".mutate-coveragerc"
+    rc.write_text("[run]\nbranch = false\ninclude =\n" + "".join(f"    {base / f}\n" for f in FILES))
+    ignore = [f"--ignore={t}" for t in SKIPPED]
+    cmd, env = pytest_cmd(base, *ignore, "-p", "mutate_context", f"--junitxml={base / 'baseline.xml'}")
+    cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", *cmd[2:]]
+    env["PYTHONPATH"] += os.pathsep + str(base / "scripts")  # the context plugin
+    run = subprocess.run(cmd, cwd=base, env={**env, "COVERAGE_FILE": str(base / ".coverage")}, text=True,
+                         capture_output=True)  # fmt: skip
+    if run.returncode != 0:
+        sys.exit(f"the unmutated tests fail in the copy; fix that first:\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
+    subprocess.run(
+        [sys.executable, "-m", "coverage", "json", f"--rcfile={rc}", "--show-contexts", "-o", str(base / "cov.json")],
+        cwd=base, env={**env, "COVERAGE_FILE": str(base / ".coverage")}, check=True, capture_output=True,
+    )  # fmt: skip
+    data = json.loads((base / "cov.json").read_text())
+    lines: dict[str, dict[int, set[str]]] = {f: defaultdict(set) for f in FILES}
+    for path, info in data["files"].items():
+        file = str(Path(path).resolve().relative_to(base.resolve())) if Path(path).is_absolute() else path
+        for line, contexts in info["contexts"].items():
+            for context in contexts:
+                if context.startswith("tests/"):  # a test's node id (not module import time: "")
+                    lines[file][int(line)].add(context)
+    seconds: dict[str, float] = defaultdict(float)
+    for case in ET.parse(base / "baseline.xml").getroot().iter("testcase"):
+        module = case.get("classname", "")
+        name = case.get("name", "").split("[")[0]
+        seconds[_node_id(f"{module}.{name}", base)] += float(case.get("time", "0"))
+    return lines, seconds
+
+
+def _node_id(context: str, base: Path) -> str:
+    """`tests.test_x.Class.test_y` (a coverage context or junit name) -> `tests/test_x.py::Class::test_y`."""
+    context = context.removesuffix("|run")
+    parts = context.split(".")
+    for i in range(len(parts), 0, -1):
+        path = Path(*parts[:i]).with_suffix(".py")
+        if (base / path).is_file():
+            return "::".join([str(path), *parts[i:]])
+        if (base / "tests" / path).is_file():
+            return "::".join([str(Path("tests") / path), *parts[i:]])
+    return context
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    outcome: str  # killed, timeout, survived, uncovered, equivalent
+    by: str = ""  # the first failing test, or why
+    seconds: float = 0.0
+
+
+def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[str, str]:
+    target = copy / m.file
+    original = target.read_text()
+    target.write_text(m.apply(original))
+    try:
+        cmd, env = pytest_cmd(copy, "-x", "-o", "addopts=--import-mode=importlib", "-rf", *tests)
+        run = subprocess.run(cmd, cwd=copy, env=env, text=True, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"no result in {timeout:.0f} s"
+    finally:
+        target.write_text(original)
+    if run.returncode == 0:
+        return "survived", ""
+    if run.returncode in (1, 2):  # a test failed, or collecting one did (the mutant broke an import)
+        failed = [ln.split()[1] for ln in run.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+        return "killed", failed[0] if failed else "a failure"
+    return "error", f"pytest exit {run.returncode}: {(run.stdout + run.stderr)[-300:]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", nargs="+", default=list(FILES), choices=FILES, metavar="FILE")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--list", action="store_true", help="print the mutants and stop")
+    parser.add_argument("--report", type=Path, default=ROOT / "mutation-report.md")
+    parser.add_argument("--no-slow", action="store_true", help="skip the stateful second chance")
+    parser.add_argument(
+        "--again", type=Path, metavar="JSON",
+        help="run only the mutants a previous run's JSON did not kill; keep its other outcomes",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+
+    mutants = [m for f in args.files for m in mutants_of(f, (ROOT / f).read_text())]
+    kept: list[Result] = []
+    if args.again:
+        before = {row["key"]: row for row in json.loads(args.again.read_text())}
+        done = {k for k, row in before.items() if row["outcome"] in ("killed", "timeout")}
+        kept = [Result(m, before[m.key]["outcome"], before[m.key]["by"]) for m in mutants if m.key in done]
+        mutants = [m for m in mutants if m.key not in done]
+    if args.list:
+        for m in mutants:
+            print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
+        print(f"{len(mutants)} mutants")
+        return 0
+    equivalent = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    reasons: dict[str, str] = {e["key"]: e["reason"] for e in equivalent.get("mutant", [])}
+
+    work = Path(tempfile.mkdtemp(prefix="devbridge-mutate-"))
+    started = time.monotonic()
+    print(f"{len(mutants)} mutants in {len(args.files)} files; copies in {work}", flush=True)
+    base = checkout_copy(work / "base")
+    lines, seconds = coverage_map(base)
+    print(f"coverage map: {len(seconds)} test functions, {time.monotonic() - started:.0f} s", flush=True)
+    copies: list[Path] = [checkout_copy(work / f"job{k}") for k in range(args.jobs)]
+    free: list[Path] = list(copies)
+    lock = threading.Lock()
+
+    def tests_for(m: Mutant, slow: bool) -> list[str]:
+        hit = set().union(*(lines[m.file].get(n, set()) for n in range(m.line, m.end_line + 1)))
+        at_import = m.function == "<module>" or ("." not in m.function and m.function[:1].isupper())  # a class body
+        if not hit and at_import:
+            hit = set().union(*lines[m.file].values())  # run at import: every test of the file's code
+        chosen = [t for t in hit if t.startswith(SLOW) == slow]
+        return sorted(chosen, key=lambda t: (seconds.get(t, 1.0), t))
+
+    def job(m: Mutant) -> Result:
+        with lock:
+            copy = free.pop()
+        try:
+            t0 = time.monotonic()
+            if m.key in reasons:
+                return Result(m, "equivalent", reasons[m.key])
+            outcome, by = "uncovered", "no test runs this line"
+            for slow in (False, True):
+                tests = tests_for(m, slow)
+                if not tests or (slow and args.no_slow):
+                    continue
+                budget = 60 + 5 * sum(seconds.get(t, 1.0) for t in tests)
+                outcome, by = run_one(m, copy, tests, budget)
+                if outcome != "survived":
+                    break
+            result = Result(m, outcome, by, time.monotonic() - t0)
+            if outcome not in ("killed", "timeout"):
+                print(f"  {outcome}: {m.file}:{m.line} {m.original!r} -> {m.mutated!r}  key: {m.key}", flush=True)
+            return result
+        finally:
+            with lock:
+                free.append(copy)
+                finished.append(m)
+                if len(finished) % 25 == 0:
+                    print(f"  {len(finished)}/{len(mutants)} run, {time.monotonic() - started:.0f} s", flush=True)
+
+    finished: list[Mutant] = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = kept + list(pool.map(job, mutants))
+    stale = sorted(set(reasons) - {m.key for m in mutants})
+    report = render(results, stale, time.monotonic() - started)
+    args.report.write_text(report)
+    rows = [{**asdict(r.mutant), "key": r.mutant.key, "outcome": r.outcome, "by": r.by} for r in results]
+    args.report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print(report)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def scores(results: list[Result]) -> Iterator[tuple[str, Counter[str], float]]:
+    by_file: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in results:
+        by_file[r.mutant.file][r.outcome] += 1
+    for file in FILES:
+        if file in by_file:
+            c = by_file[file]
+            killed = c["killed"] + c["timeout"]
+            live = sum(c.values()) - c["equivalent"]
+            yield file, c, 100.0 * killed / live if live else 100.0
+
+
+def render(results: list[Result], stale: list[str], seconds: float) -> str:
+    out = ["# Mutation run", "", f"{len(results)} mutants, {seconds / 60:.0f} min.", ""]
+    out += ["| file | mutants | killed | timeout | survived | uncovered | equivalent | error | score |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for file, c, score in scores(results):
+        cells = [sum(c.values()), c["killed"], c["timeout"], c["survived"], c["uncovered"], c["equivalent"], c["error"]]
+        out.append(f"| `{file}` | " + " | ".join(map(str, cells)) + f" | {score:.1f}% |")
+    out += ["", "## Not killed", ""]
+    for r in results:
+        if r.outcome in ("survived", "uncovered", "error"):
+            m = r.mutant
+            out.append(f"- `{m.file}:{m.line}` {r.outcome}: `{m.original}` -> `{m.mutated}` in `{m.function}`"
+                       f"{f' ({r.by})' if r.by and r.outcome != 'uncovered' else ''}  \n  key: `{m.key}`")  # fmt: skip
+    if stale:
+        out += ["", "## Equivalent-list entries that match no mutant (remove them)", ""]
+        out += [f"- `{k}`" for k in stale]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""scripts/mutate's mutant maker: exactly the edits it claims, each still Python, keys stable."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "mutate.py"
+
+
+@pytest.fixture(scope="module")
+def mutate() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutate_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate_script"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE = '''"""A docstring is not mutated."""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from x import y
+
+LIMIT: int | None = 3
+
+
+class Ring:
+    """Nor a class docstring."""
+
+    def take(self, n: int, flag: bool = False) -> int:
+        if not (n < LIMIT) and flag:
+            raise ValueError(f"too big: {n}")
+        self.count += n
+        self.log(n)
+        for _ in range(2):
+            break
+        return -n
+'''
+
+
+def test_every_mutant_is_one_named_edit_of_the_source(mutate: ModuleType) -> None:
+    found = [(m.function, m.kind, m.original, m.mutated, m.line) for m in mutate.mutants_of("x.py", SOURCE)]
+    assert found == [
+        ("<module>", "number", "3", "4", 7),
+        ("Ring.take", "bool", "False", "True", 13),
+        ("Ring.take", "not", "not (", "(", 14),
+        ("Ring.take", "compare", "<", "<=", 14),
+        ("Ring.take", "boolean", "and", "or", 14),
+        ("Ring.take", "delete", 'raise ValueError(f"too big: {n}")', "pass", 15),
+        ("Ring.take", "augassign", "+=", "-=", 16),
+        ("Ring.take", "delete", "self.log(n)", "pass", 17),
+        ("Ring.take", "number", "2", "3", 18),
+        ("Ring.take", "loop", "break", "continue", 19),
+        ("Ring.take", "return", "return -n", "return None", 20),
+        ("Ring.take", "negate", "-", "", 20),
+    ]  # annotations (`int | None`), TYPE_CHECKING imports, docstrings and f-strings are left alone
+
+
+def test_a_mutant_changes_only_its_own_text(mutate: ModuleType) -> None:
+    for m in mutate.mutants_of("x.py", SOURCE):
+        mutated = m.apply(SOURCE)
+        assert mutated[: m.start] == SOURCE[: m.start] and mutated[m.start + len(m.mutated) :] == SOURCE[m.end :]
+        assert mutated.count("\n") == SOURCE.count("\n")  # every other line where it was
+
+
+def test_keys_survive_edits_elsewhere_and_number_repeats(mutate: ModuleType) -> None:
+    keys = [m.key for m in mutate.mutants_of("x.py", SOURCE)]
+    moved = [m.key for m in mutate.mutants_of("x.py", "import os\n\n" + SOURCE)]
+    assert keys == moved and len(set(keys)) == len(keys)
+    twice = mutate.mutants_of("x.py", "def f(a, b):\n    return a < b or a < 2\n")
+    assert [m.key for m in twice if m.kind == "compare"] == [
+        "x.py::f::compare::< -> <=::0",
+        "x.py::f::compare::< -> <=::1",
+    ]
+
+
+def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: ModuleType) -> None:
+    root = SCRIPT.parent.parent
+    counts = {f: len(mutate.mutants_of(f, (root / f).read_text())) for f in mutate.FILES}
+    assert all(n >= 30 for n in counts.values()), counts
