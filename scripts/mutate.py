@@ -16,6 +16,8 @@ killed / (mutants - equivalent).
 
     scripts/mutate                       # all six files, 2 jobs; report in mutation-report.md
     scripts/mutate --files devbridge/ring.py --jobs 1
+    scripts/mutate --resume              # go on with a stopped run (its log: mutation-report.jsonl)
+    scripts/mutate --again               # rerun what the last run did not kill (after new tests)
     scripts/mutate --list                # the mutants, without running anything
 """
 
@@ -138,11 +140,11 @@ class _Finder(ast.NodeVisitor):
 
     # scopes
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
+            self.visit(default)  # evaluated where the function is defined (at import)
         self.scope.append(node.name)
         for stmt in node.body[1:] if _docstring(node.body) else node.body:
             self.visit(stmt)
-        for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
-            self.visit(default)
         self.scope.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -363,19 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--report", type=Path, default=ROOT / "mutation-report.md")
     parser.add_argument("--no-slow", action="store_true", help="skip the stateful second chance")
-    parser.add_argument(
-        "--again", type=Path, metavar="JSON",
-        help="run only the mutants a previous run's JSON did not kill; keep its other outcomes",
-    )  # fmt: skip
+    parser.add_argument("--again", action="store_true", help="rerun what the last run (its log) did not kill")
+    parser.add_argument("--resume", action="store_true", help="run only what the last run (its log) did not reach")
     args = parser.parse_args(argv)
 
     mutants = [m for f in args.files for m in mutants_of(f, (ROOT / f).read_text())]
+    log = args.report.with_suffix(".jsonl")  # one line per finished mutant: a stopped run resumes
     kept: list[Result] = []
-    if args.again:
-        before = {row["key"]: row for row in json.loads(args.again.read_text())}
-        done = {k for k, row in before.items() if row["outcome"] in ("killed", "timeout")}
-        kept = [Result(m, before[m.key]["outcome"], before[m.key]["by"]) for m in mutants if m.key in done]
-        mutants = [m for m in mutants if m.key not in done]
+    if args.again or args.resume:
+        before = {row["key"]: row for row in map(json.loads, log.read_text().splitlines())}
+        keep = {k for k, row in before.items() if args.resume or row["outcome"] in ("killed", "timeout")}
+        kept = [Result(m, before[m.key]["outcome"], before[m.key]["by"]) for m in mutants if m.key in keep]
+        mutants = [m for m in mutants if m.key not in keep]
+    log.write_text("".join(_row(r) + "\n" for r in kept))
     if args.list:
         for m in mutants:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
@@ -419,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome != "survived":
                     break
             result = Result(m, outcome, by, time.monotonic() - t0)
+            with lock, log.open("a") as out:
+                out.write(_row(result) + "\n")
             if outcome not in ("killed", "timeout"):
                 print(f"  {outcome}: {m.file}:{m.line} {m.original!r} -> {m.mutated!r}  key: {m.key}", flush=True)
             return result
@@ -435,11 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     stale = sorted(set(reasons) - {m.key for m in mutants})
     report = render(results, stale, time.monotonic() - started)
     args.report.write_text(report)
-    rows = [{**asdict(r.mutant), "key": r.mutant.key, "outcome": r.outcome, "by": r.by} for r in results]
-    args.report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
     print(report)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _row(r: Result) -> str:
+    return json.dumps({**asdict(r.mutant), "key": r.mutant.key, "outcome": r.outcome, "by": r.by})
 
 
 def scores(results: list[Result]) -> Iterator[tuple[str, Counter[str], float]]:

@@ -7,7 +7,7 @@ from rules import refused
 
 from devbridge import LifecycleError
 from devbridge.statemachine import LifecycleCore
-from devbridge.statemachine.core import USE_EVENTS
+from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 
 
 @pytest.mark.holds("EVENT-1")
@@ -89,3 +89,31 @@ def test_a_use_that_ends_at_once_is_its_begin_then_its_end_in_every_state() -> N
                     ]  # the observer sees both spec steps, as for fire(begin), fire(end)
                     seen += 1
     assert seen == 2 * 17
+
+
+@pytest.mark.rejects("USE-1")
+def test_a_use_of_several_allocations_is_all_or_nothing() -> None:
+    """One refused allocation refuses the use before any other allocation's state moves."""
+    core = LifecycleCore()
+    a, b = core.add(8, spec=None, memory="a"), core.add(8, spec=None, memory="b")
+    assert core.free(b.id, 0) is not None  # idle: freed at once
+    with refused("USE-1"):
+        core.begin("compute", [(a.id, 0), (b.id, 0)])
+    assert (a.state, a.computes, core.state(b.id, 0)) == ("allocated", 0, "freed")
+    assert list(core.inflight()) == []
+
+
+@pytest.mark.rejects("HANDLE-1")
+@pytest.mark.parametrize("alloc_id", [-1, 2, 99])
+def test_the_core_refuses_an_allocation_it_never_made(alloc_id: int) -> None:
+    core = LifecycleCore()
+    core.add(8, spec=None, memory="a")
+    core.add(8, spec=None, memory="b")
+    with refused("HANDLE-1"):
+        core.state(alloc_id, 0)
+
+
+def test_an_invariant_violation_names_its_invariant() -> None:
+    error = InvariantViolation("INV-COUNTS", "allocation #3 is idle with 1 copy")
+    assert (str(error), error.invariant) == ("[INV-COUNTS] allocation #3 is idle with 1 copy", "INV-COUNTS")
+    assert isinstance(error, AssertionError)  # a bug in the bridge, not a caller's mistake

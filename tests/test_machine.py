@@ -7,7 +7,7 @@ from transitions.core import MachineError
 
 from devbridge.spec import Rejection, load
 from devbridge.statemachine import build_machine, compile_table, default_table
-from devbridge.statemachine.machine import GuardModel, Rejected
+from devbridge.statemachine.machine import GuardModel, Rejected, Step, Table
 
 
 def machine_outcome(state: str, event: str, valuation: dict[str, bool]) -> tuple[str, object, bool]:
@@ -74,3 +74,24 @@ def test_flat_table_agrees_with_the_guarded_candidates_for_any_counts() -> None:
             for computes in range(5):
                 expected = table.decide(state, event, guard_values(copies, computes))
                 assert table.lookup(state, event, copies, computes) == expected, (state, event, copies, computes)
+
+
+def test_a_rejection_carries_its_rule_as_its_message() -> None:
+    assert (str(Rejected("EVENT-1")), Rejected("EVENT-1").rule) == ("EVENT-1", "EVENT-1")
+
+
+def test_candidates_read_as_the_coverage_report_prints_them() -> None:
+    table = default_table()
+    printed = {table.describe(s, e, step) for s, e, _, step in table.candidates()}
+    assert "idle --free--> freed (release)" in printed
+    assert "free_pending --copy_end[no_copy]--> reject EVENT-1" in printed
+    assert "computing --compute_end[!last_compute]--> computing" in printed
+    assert "freed --free--> reject FREE-2" in printed
+
+
+def test_a_table_without_an_outcome_for_a_valuation_says_the_spec_was_not_validated() -> None:
+    guarded = Step((("last_copy", True),), "idle", False, None)
+    table = Table({("copying", "copy_end"): (guarded,)}, frozenset(), {})
+    assert table.decide("copying", "copy_end", {"last_copy": True}) is guarded
+    with pytest.raises(AssertionError, match=r"spec validation guarantees an outcome for \(copying, copy_end\)"):
+        table.decide("copying", "copy_end", {"last_copy": False})

@@ -49,7 +49,7 @@ def test_every_mutant_is_one_named_edit_of_the_source(mutate: ModuleType) -> Non
     found = [(m.function, m.kind, m.original, m.mutated, m.line) for m in mutate.mutants_of("x.py", SOURCE)]
     assert found == [
         ("<module>", "number", "3", "4", 7),
-        ("Ring.take", "bool", "False", "True", 13),
+        ("Ring", "bool", "False", "True", 13),  # a default: evaluated where `take` is defined
         ("Ring.take", "not", "not (", "(", 14),
         ("Ring.take", "compare", "<", "<=", 14),
         ("Ring.take", "boolean", "and", "or", 14),

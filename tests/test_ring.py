@@ -6,7 +6,7 @@ import pytest
 from rules import refused
 from support import put
 
-from devbridge import Bridge, DeviceRange, HostRange, HostRing, ObjectSpec, RangeError, RingFullError
+from devbridge import Bridge, DeviceRange, HostRange, HostRing, ObjectSpec, RingFullError
 from devbridge.backends.fake import FakeBackend
 
 
@@ -151,9 +151,9 @@ def test_released_refuses_bytes_that_were_never_reserved() -> None:
     """Regression: released() said True for bytes the ring never reserved."""
     ring = HostRing(64)
     r = ring.reserve(16)
-    with refused("RING-1"):
+    with refused("RING-1", match=r"host bytes \[16, 20\) were never reserved \(head is 16\)"):
         ring.released(HostRange(ring, 16, 4))
-    with pytest.raises(RangeError):
+    with refused("RING-1", match=r"host bytes \[1000, 1004\) were never reserved"):
         ring.released(HostRange(ring, 1000, 4))
     assert ring.released(r) is False
     ring.release(r)
@@ -182,3 +182,98 @@ def test_snapshot_changes_with_every_ring_operation_and_only_then() -> None:
     seen.append(ring.snapshot())
     assert len(set(seen)) == len(seen), seen
     assert ring.snapshot() == seen[-1] and HostRing(64).snapshot() == seen[0]
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_a_ring_may_be_up_to_1_tib_and_no_larger() -> None:
+    """Refused by the limit itself (the message says so), not by a failed 1 TiB allocation."""
+    with refused("RANGE-1", match=r"ring capacity must be an int in \[1, 2\*\*40\], got 1099511627777"):
+        HostRing((1 << 40) + 1)
+
+
+@pytest.mark.parametrize(
+    ("cut", "left"),
+    [
+        ((0, 6), [(6, 10), (20, 30)]),  # the front of the first span
+        ((10, 20), [(4, 10), (20, 30)]),  # the gap between them, touching both: nothing
+        ((6, 8), [(4, 6), (8, 10), (20, 30)]),  # the middle: two pieces
+        ((8, 25), [(4, 8), (25, 30)]),  # across the gap
+        ((0, 40), []),  # everything
+        ((30, 31), [(4, 10), (20, 30)]),  # just past the end
+    ],
+)
+def test_cutting_bytes_out_of_spans_keeps_exactly_the_rest(cut: tuple[int, int], left: list[tuple[int, int]]) -> None:
+    from devbridge.ring import _minus
+
+    assert _minus([(0, 10), (20, 30)], (0, 4)) == [(4, 10), (20, 30)]
+    assert _minus([(4, 10), (20, 30)], cut) == left
+
+
+@pytest.mark.holds("RANGE-1")
+@pytest.mark.parametrize("capacity", [1, 1 << 40])
+def test_a_ring_of_1_byte_to_1_tib_is_allowed_and_a_failed_allocation_is_range_1(
+    capacity: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import devbridge.ring
+
+    asked: list[int] = []
+
+    def no_memory(size: int) -> bytearray:
+        asked.append(size)
+        if size > 1 << 20:
+            raise MemoryError
+        return bytearray(size)
+
+    monkeypatch.setattr(devbridge.ring, "bytearray", no_memory, raising=False)
+    if capacity == 1:
+        assert HostRing(1).capacity == 1 and asked == [1]
+    else:
+        with refused("RANGE-1", match=f"cannot allocate a ring of {1 << 40} B"):
+            HostRing(capacity)
+        assert asked == [1 << 40]  # within the limit: it was attempted
+
+
+@pytest.mark.holds("RING-1")
+def test_released_looks_at_every_unreleased_span_a_range_crosses() -> None:
+    ring = HostRing(64)
+    parts = [ring.reserve(8) for _ in range(5)]  # [0, 8) [8, 16) [16, 24) [24, 32) [32, 40)
+    ring.release(parts[1])
+    ring.release(parts[3])
+    assert [(u.start, u.nbytes) for u in ring.unreleased()] == [(0, 8), (16, 8), (32, 8)]
+    assert ring.released(HostRange(ring, 8, 8)) and ring.released(HostRange(ring, 24, 8))
+    assert not ring.released(HostRange(ring, 10, 10))  # [10, 20): bytes 16..19 of the second span
+    assert not ring.released(HostRange(ring, 12, 24))  # across the second span to the third
+    assert not ring.released(HostRange(ring, 30, 4))  # into the third span
+
+
+def _layout(steps: str) -> HostRing:
+    """A 64-byte ring after `steps`: "r40" reserves 40 bytes, "x0" releases the first reservation."""
+    ring, made = HostRing(64), []
+    for step in steps.split():
+        if step[0] == "r":
+            made.append(ring.reserve(int(step[1:])))
+        else:
+            ring.release(made[int(step[1:])])
+    return ring
+
+
+@pytest.mark.rejects("RING-2")
+@pytest.mark.parametrize(
+    ("steps", "largest"),
+    [
+        ("r40", 24),  # the tail of the lap
+        ("r16 r32 x0", 16),  # the tail and the released front are both 16
+        ("r8 r40 x0", 16),  # the tail beats the front
+        ("r32 r24 x0", 32),  # the released front beats the tail
+        ("r32 r24 x0 r20", 12),  # wrapped: what is left before the oldest unreleased byte
+        ("r64", 0),  # full
+    ],
+)
+def test_a_full_ring_names_its_largest_free_stretch(steps: str, largest: int) -> None:
+    ring = _layout(steps)
+    before = ring.snapshot()
+    with refused("RING-2", match=rf"reserving {largest + 1} B: the largest free stretch is {largest} B"):
+        ring.reserve(largest + 1)
+    assert ring.snapshot() == before
+    if largest:
+        assert ring.reserve(largest).nbytes == largest  # and that much does fit
