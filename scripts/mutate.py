@@ -355,6 +355,8 @@ def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[st
     if run.returncode in (1, 2):  # a test failed, or collecting one did (the mutant broke an import)
         failed = [ln.split()[1] for ln in run.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
         return "killed", failed[0] if failed else "a failure"
+    if run.returncode < 0 or "Fatal Python error" in run.stderr:  # the mutant crashed the test process
+        return "killed", f"crashed ({run.stderr.splitlines()[0] if run.stderr else run.returncode})"
     return "error", f"pytest exit {run.returncode}: {(run.stdout + run.stderr)[-300:]}"
 
 

@@ -117,3 +117,58 @@ def test_an_invariant_violation_names_its_invariant() -> None:
     error = InvariantViolation("INV-COUNTS", "allocation #3 is idle with 1 copy")
     assert (str(error), error.invariant) == ("[INV-COUNTS] allocation #3 is idle with 1 copy", "INV-COUNTS")
     assert isinstance(error, AssertionError)  # a bug in the bridge, not a caller's mistake
+
+
+@pytest.mark.holds("ORDER-1")
+def test_begin_finds_the_uses_a_new_one_follows_when_not_told() -> None:
+    core = LifecycleCore()
+    rec = core.add(16, spec=None, memory="m")
+    key = (rec.id, rec.generation)
+    first = core.begin("copy_in", [key], span=(0, 4))
+    disjoint = core.begin("copy_in", [key], span=(8, 12))
+    second = core.begin("copy_out", [key], span=(2, 6))  # reads bytes `first` writes: RAW
+    view = core.begin("view", [key])  # a pin, not an access: follows nothing
+    assert (first.after, disjoint.after, second.after, view.after) == (None, None, {first.id}, None)
+    assert first.followers == [second] and rec.accesses == [first, disjoint, second]
+    assert core.end(first.id, ok=True).ready == (second,) and second.after == set()
+
+
+@pytest.mark.rejects("USE-1")
+def test_an_instant_use_of_a_dead_or_free_pending_allocation_is_refused() -> None:
+    core = LifecycleCore()
+    dead, busy = core.add(8, spec=None, memory="a"), core.add(8, spec=None, memory="b")
+    assert core.free(dead.id, 0) is not None
+    with refused("USE-1"):
+        core.instant("copy_in", (dead.id, 0))
+    use = core.begin("copy_out", [(busy.id, 0)])
+    assert core.free(busy.id, 0) is None and busy.state == "free_pending"
+    with refused("USE-1"):
+        core.instant("copy_in", (busy.id, 0))
+    assert (busy.state, busy.copies) == ("free_pending", 1)
+    assert core.end(use.id, ok=True).release == (busy,)
+
+
+@pytest.mark.holds("EVENT-1")
+def test_an_instant_copy_steps_through_begin_and_end_in_one() -> None:
+    core = LifecycleCore()
+    rec = core.add(8, spec=None, memory="m")
+    seen: list[tuple[str, str]] = []
+    core.observer = lambda state, event, step: seen.append((state, event))
+    use_id = core.instant("copy_in", (rec.id, 0))
+    assert (rec.state, rec.copies, use_id) == ("idle", 0, 0)
+    assert seen == [("allocated", "copy_begin"), ("copying", "copy_end")]
+    comp = core.begin("compute", [(rec.id, 0)])
+    seen.clear()
+    assert core.instant("copy_out", (rec.id, 0)) == 2 and (rec.state, rec.copies) == ("computing", 0)
+    assert seen == [("computing", "copy_begin"), ("copying_computing", "copy_end")]
+    core.end(comp.id, ok=True)
+
+
+@pytest.mark.holds("ORDER-1")
+@pytest.mark.parametrize(("first", "second"), [((4, 8), (0, 4)), ((0, 4), (4, 8))])
+def test_adjacent_device_spans_do_not_conflict(first: tuple[int, int], second: tuple[int, int]) -> None:
+    core = LifecycleCore()
+    rec = core.add(8, spec=None, memory="m")
+    core.begin("copy_in", [(rec.id, 0)], span=first)
+    assert core.conflicts("copy_in", [(rec.id, 0)], second) == []
+    assert [u.span for u in core.conflicts("copy_in", [(rec.id, 0)], (3, 5))] == [first]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from rules import refused
 
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import GUARD, GUARD_BYTE, POISON_BYTE, Call, FakeBackend, FakeViolation
@@ -204,3 +205,65 @@ def test_subscribers_hear_every_completion_with_its_event() -> None:
     fake.complete(a)
     assert heard == [1, 0]
     assert np.array_equal(fake.buffer(0).data[:1], [ord("a")])
+
+
+def test_the_default_fake_device_holds_1_gib() -> None:
+    fake = FakeBackend()
+    assert fake.capacity == 1 << 30
+    with pytest.raises(BackendError, match=f"cannot allocate {(1 << 30) + 1} B"):
+        fake.alloc((1 << 30) + 1, "uint8")  # refused before any memory is taken
+    assert fake.live_allocations == 0
+
+
+def test_a_compute_writes_so_it_may_not_run_beside_a_pending_read() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.copy_out(memoryview(bytearray(4)), buf, 0, sync=False)
+    kind, message = violation(fake, lambda: fake.compute([buf]))
+    assert kind == "order" and message.startswith("compute whole on buffers [0] submitted while pending event #0")
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_run_on_wait_must_be_a_bool(value: object) -> None:
+    with refused("ARG-1", match="run_on_wait must be a bool"):
+        FakeBackend(run_on_wait=value)  # type: ignore[arg-type]
+
+
+def test_a_one_byte_device_is_a_device() -> None:
+    fake = FakeBackend(capacity=1)
+    fake.alloc(1, "uint8")
+    assert fake.capacity == 1 and fake.live_allocations == 1
+
+
+def test_host_memory_running_out_is_a_backend_error() -> None:
+    fake = FakeBackend(capacity=None)  # unlimited: the host's memory is the limit
+    with pytest.raises(BackendError, match=f"fake: cannot allocate {1 << 50} B: "):
+        fake.alloc(1 << 50, "uint8")
+    assert fake.live_allocations == 0
+
+
+def test_extend_and_view_anchor_refuse_what_is_not_theirs() -> None:
+    fake = FakeBackend()
+    with pytest.raises(KeyError, match="no fake event 999"):
+        fake.extend(999)
+    with pytest.raises(BackendError, match="fake: no buffer under the view"):
+        fake.view_anchor(object())
+
+
+def test_a_hung_wait_says_whether_the_event_finished_in_time() -> None:
+    fake = FakeBackend(run_on_wait=False)
+    buf = fake.alloc(8, "uint8")
+    ev = fake.copy_in(buf, 0, memoryview(b"late"), sync=False)
+    assert fake.wait(ev, 0.01) is False and ev.pending  # nobody completed it: the timeout passed
+    fake.complete(ev)
+    assert fake.wait(ev, 0.01) is True and fake.buffer(0).data[:4].tobytes() == b"late"
+
+
+def test_fail_next_arms_one_failure_by_default() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.fail_next("copy_in")
+    with pytest.raises(BackendError):
+        fake.copy_in(buf, 0, memoryview(b"x"), sync=True)
+    fake.copy_in(buf, 0, memoryview(b"y"), sync=True)  # only one was armed
