@@ -136,7 +136,7 @@ def test_begin_finds_the_uses_a_new_one_follows_when_not_told() -> None:
 @pytest.mark.rejects("USE-1")
 def test_an_instant_use_of_a_dead_or_free_pending_allocation_is_refused() -> None:
     core = LifecycleCore()
-    dead, busy = core.add(8, spec=None, memory="a"), core.add(8, spec=None, memory="b")
+    busy, dead = core.add(8, spec=None, memory="a"), core.add(8, spec=None, memory="b")  # dead: id 1, generation 0
     assert core.free(dead.id, 0) is not None
     with refused("USE-1"):
         core.instant("copy_in", (dead.id, 0))

@@ -9,6 +9,8 @@ its kind, its message on record and nothing else changed, and the fake's memory 
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -267,3 +269,46 @@ def test_fail_next_arms_one_failure_by_default() -> None:
     with pytest.raises(BackendError):
         fake.copy_in(buf, 0, memoryview(b"x"), sync=True)
     fake.copy_in(buf, 0, memoryview(b"y"), sync=True)  # only one was armed
+
+
+def test_a_synchronizing_wait_runs_the_work_and_says_it_is_done() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    ev = fake.copy_in(buf, 0, memoryview(b"now!"), sync=False)
+    assert fake.wait(ev, None) is True and not ev.pending and fake.buffer(0).data[:4].tobytes() == b"now!"
+    assert fake.wait(ev, 0) is True  # already done
+
+
+def test_a_failed_query_abandons_the_work_and_wakes_a_waiter() -> None:
+    fake = FakeBackend(run_on_wait=False)
+    buf = fake.alloc(8, "uint8")
+    ev = fake.copy_in(buf, 0, memoryview(b"lost"), sync=False)
+    answers: list[bool] = []
+    waiter = threading.Thread(target=lambda: answers.append(fake.wait(ev, 30)))
+    waiter.start()
+    time.sleep(0.05)
+    fake.fail_next("query")
+    with pytest.raises(BackendError, match="fake: query of event #0 failed"):
+        fake.query(ev)
+    waiter.join(10)
+    assert answers == [True] and not waiter.is_alive()  # woken, not left to its 30 s timeout
+    assert fake.query(ev).error == "fake: query failed; the work was abandoned"
+    assert fake.buffer(0).data.tobytes() == bytes(8)
+
+
+@pytest.mark.parametrize(("first", "second"), [((4, 8), (0, 4)), ((0, 4), (4, 8))])
+def test_copies_of_adjacent_bytes_may_run_together(first: tuple[int, int], second: tuple[int, int]) -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    fake.copy_in(buf, first[0], memoryview(bytes(4)), sync=False)
+    fake.copy_in(buf, second[0], memoryview(bytes(4)), sync=False)
+    assert len(fake.pending()) == 2 and fake.violations == []
+
+
+def test_the_order_check_looks_past_pending_work_on_other_buffers() -> None:
+    fake = FakeBackend()
+    a, b = fake.alloc(8, "uint8"), fake.alloc(8, "uint8")
+    fake.copy_in(a, 0, memoryview(bytes(4)), sync=False)
+    fake.copy_in(b, 0, memoryview(bytes(4)), sync=False)
+    kind, message = violation(fake, lambda: fake.copy_out(memoryview(bytearray(2)), b, 2, sync=False))
+    assert kind == "order" and "pending event #1" in message

@@ -197,6 +197,7 @@ def test_a_ring_may_be_up_to_1_tib_and_no_larger() -> None:
         ((0, 6), [(6, 10), (20, 30)]),  # the front of the first span
         ((10, 20), [(4, 10), (20, 30)]),  # the gap between them, touching both: nothing
         ((6, 8), [(4, 6), (8, 10), (20, 30)]),  # the middle: two pieces
+        ((6, 10), [(4, 6), (20, 30)]),  # the end of a span: no empty piece after it
         ((8, 25), [(4, 8), (25, 30)]),  # across the gap
         ((0, 40), []),  # everything
         ((30, 31), [(4, 10), (20, 30)]),  # just past the end
