@@ -33,11 +33,17 @@ def _keeper(rule: str, kept_by: str | None) -> None:
     assert want == kept_by, f"{rule} is kept by {RULES[rule].kept_by or 'refusing'}, not {kept_by or 'refusing'}"
 
 
+def _cited(rule: str) -> str:
+    """The rule a refused breach of `rule` cites (itself, or the rule its `kept_by` names)."""
+    cited = RULES[rule].refused_as
+    assert cited is not None, f"{rule} is kept by {RULES[rule].kept_by}, not by refusing"
+    return cited
+
+
 def assert_refused(error: BaseException | None, rule: str, kind: type[errors.BridgeError] | None = None) -> None:
     """`error` is the spec's refusal of a breach of `rule`: its error type (and `kind`, a
     narrower one), citing the refusing rule."""
-    cited = RULES[rule].refused_as
-    assert cited is not None, f"{rule} is kept by {RULES[rule].kept_by}, not by refusing"
+    cited = _cited(rule)
     expected: type[errors.BridgeError] = getattr(errors, str(RULES[cited].error))
     assert isinstance(error, expected), f"{rule}: expected {expected.__name__}, got {error!r}"
     assert kind is None or isinstance(error, kind), f"{rule}: expected {kind.__name__}, got {error!r}"
@@ -78,8 +84,7 @@ def logged(rule: str, records: Sequence[logging.LogRecord], *, like: str) -> lis
 
 def assert_all_refused(outcomes: Mapping[str, str], rule: str) -> None:
     """Every outcome, written "ErrorType RULE", is the refusal of a breach of `rule`."""
-    cited = RULES[rule].refused_as
-    assert cited is not None, f"{rule} is kept by {RULES[rule].kept_by}, not by refusing"
+    cited = _cited(rule)
     assert dict(outcomes) == dict.fromkeys(outcomes, f"{RULES[cited].error} {cited}")
     ASSERTED.add(rule)
 
