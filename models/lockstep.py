@@ -569,16 +569,20 @@ class Lockstep:
         assert self.fake.violations == [], self.fake.violations  # each was raised where it happened
 
     def check_free_once(self) -> None:
-        """INV-FREE-ONCE: free counts are the model's; at quiescence nothing freed is still held."""
+        """INV-FREE-ONCE: the backend's free counts (successful and failed) are the model's."""
         frees = {"backend_frees": len(self.model.frees) - self.model.free_failures}
         frees["free_failures"] = self.model.free_failures
         self.emit(f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}")
         stats = self.bridge.stats()
         agree({k: stats[k] for k in frees} == frees, "frees", "backend free counts differ")
+
+    def check_quiescent(self) -> None:
+        """INV-QUIESCENT: with nothing in flight, the backend holds exactly the buffers the model
+        says (live ones, and dead ones whose free failed): everything freed was released."""
         if not self.model.uses:
             held = self.model.held()
             self.emit(f"assert fake.live_allocations == {held}")
-            assert self.model.quiescent_leaks() == []
+            assert self.model.quiescent_leaks() == [], "the model itself leaks"
             agree(self.fake.live_allocations == held, "leak", "a freed allocation is still held at quiescence")
 
     def check_cursor(self) -> None:
@@ -666,4 +670,5 @@ INVARIANT_CHECKS: dict[str, Callable[[Lockstep], None]] = {
     "INV-OUTPUT": Lockstep.check_output,
     "INV-EXACT": Lockstep.check_exact,
     "INV-GENERATION": Lockstep.check_generation,
+    "INV-QUIESCENT": Lockstep.check_quiescent,
 }

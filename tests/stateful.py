@@ -9,7 +9,7 @@ timeouts, near-capacity reservations, views at aligned and unaligned offsets,
 tensors derived from views (movement ops, lazy ops, assign targets) that keep
 them in use after the view itself is dropped (also across a free or a restart),
 and deliberately bad calls. After every step one `@invariant` per spec
-invariant (`inv1_counts`, ..., `inv7_generation`: `Lockstep.check_invariant`)
+invariant (`inv1_counts`, ..., `inv8_quiescent`: `Lockstep.check_invariant`)
 compares the implementation with the model, so a failure names the invariant
 it broke. `COVERAGE` records which compiled spec candidates
 (transitions and rejections) the run exercised.
@@ -508,3 +508,7 @@ class BridgeMachine(RuleBasedStateMachine):
     @invariant()
     def inv7_generation(self) -> None:
         self.s.check_invariant("INV-GENERATION")
+
+    @invariant()
+    def inv8_quiescent(self) -> None:
+        self.s.check_invariant("INV-QUIESCENT")
