@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 
@@ -27,15 +28,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "docs", help="write spec/CONTRACT.md from the spec (--check, --svg; see docs -h)", add_help=False
     )
     check = commands.add_parser("check", help="exhaustive bounded model check of the implementation")
-    for name, default, meaning in (
-        ("allocations", 2, "successful allocations"),
-        ("restarts", 2, "restarts"),
-        ("faults", 1, "injected failures per path"),
-        ("in-flight", 3, "uses in flight per allocation"),
-        ("depth", 6, "actions per path"),
-        ("tensors", 2, "live tensors per view (the view and those derived from it)"),
-    ):  # the defaults are models.checker.Bound's (a test holds them equal)
-        check.add_argument(f"--{name}", type=int, default=default, help=f"{meaning} (default {default})")
+    check.add_argument(
+        "--profile", choices=("default", "narrow", "deep"), default="default", help="a bound (models.checker.PROFILES)"
+    )
+    for name, least, meaning in (
+        ("allocations", 1, "successful allocations"),
+        ("restarts", 0, "restarts"),
+        ("faults", 0, "injected failures per path"),
+        ("in-flight", 1, "uses in flight per allocation"),
+        ("depth", 1, "actions per path"),
+        ("tensors", 1, "live tensors per view (the view and those derived from it)"),
+        ("ring", 1, "host ring bytes"),
+    ):
+        check.add_argument(f"--{name}", type=at_least(least), default=None, help=f"{meaning} (default: the profile's)")
+    check.add_argument(
+        "--spans", type=spans, default=None, help="device bytes a copy may touch, as OFFSET:SIZE,... (e.g. 0:4,2:4)"
+    )
+    check.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
     check.add_argument("--test-out", default=None, help="write the counterexample test to this file")
     demo = commands.add_parser("demo", help="run the reference worker over synthetic objects")
@@ -98,6 +107,32 @@ def run_jit_command(args: argparse.Namespace) -> int:
     return show(args, report, text, clean)
 
 
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least `least` (else one line and exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
+def spans(text: str) -> tuple[tuple[int, int], ...]:
+    """OFFSET:SIZE,... as ((offset, size), ...): offsets from 0, sizes from 1."""
+    try:
+        found = tuple((int(o), int(n)) for o, n in (part.split(":") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not OFFSET:SIZE,...: {text!r}") from None
+    if not found or any(o < 0 or n < 1 for o, n in found):
+        raise argparse.ArgumentTypeError(f"offsets must be >= 0 and sizes >= 1: {text!r}")
+    return found
+
+
 def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
     """Print a report as JSON (--json) or as text; the exit status says whether it is clean."""
     print(json.dumps(asdict(report)) if args.json else text)
@@ -107,9 +142,14 @@ def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from devbridge.models.checker import Bound, check, describe
+    from devbridge.models.checker import PROFILES, check, describe
 
-    bound = Bound(args.allocations, args.restarts, args.faults, args.in_flight, args.depth, args.tensors)
+    fields = ("allocations", "restarts", "faults", "in_flight", "depth", "tensors", "ring", "spans")
+    try:
+        bound = replace(PROFILES[args.profile], **{k: getattr(args, k) for k in fields if getattr(args, k) is not None})
+    except ValueError as e:
+        print(f"devbridge check: {e}", file=sys.stderr)
+        return 2
     with tqdm(desc="states", unit=" states", disable=args.no_progress, leave=False) as bar:
 
         def progress(states: int, transitions: int, depth: int) -> None:
@@ -117,7 +157,7 @@ def run_check(args: argparse.Namespace) -> int:
             bar.set_postfix(transitions=transitions, depth=depth, refresh=False)
             bar.update(0)
 
-        report = check(bound, progress)
+        report = check(bound, progress, jobs=args.jobs)
     print(report.summary())
     if report.violation is None:
         missing = report.coverage.missing()

@@ -25,10 +25,12 @@ faults and restarts is explored; beyond it nothing is claimed.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from devbridge.models.coverage import Coverage
 from devbridge.models.lockstep import DERIVE, Lockstep, kill_of
@@ -39,22 +41,47 @@ from devbridge.types import DeviceRange
 Action = tuple[Any, ...]
 EXTENT = 8  # bytes per allocation
 UNALIGNED = 4  # a view offset the device cannot run on (VIEW-2)
-CHUNK = 4  # bytes per copy: each copy reserves a fresh range of this size
 AT_ONCE, LOST = "at_once", "lost"  # asynchronous copies the backend finishes at submission / whose first query fails
 RING = 1 << 16  # large enough never to fill within any bound: stream offsets never matter
+WIDE = ((0, 4), (4, 4), (2, 4), (0, 8))  # halves, an overlap of both, the whole: disjoint and overlapping copies
 
 
 @dataclass(frozen=True)
 class Bound:
-    """The default reaches every spec transition and rejection (3 uses in flight for the
-    copying_computing self-loops, 2 restarts for stale_pending's) in well under a minute."""
+    """What a check explores: every interleaving within these limits (see PROFILES)."""
 
-    allocations: int = 2  # successful allocations
+    allocations: int = 3  # successful allocations
     restarts: int = 2
-    faults: int = 1  # injected failures (alloc, copy, compute, free, query) along one path
+    faults: int = 1  # injected failures (alloc, copy, compute, view, free, query, wait) along one path
     in_flight: int = 3  # uses in flight per allocation (copies, computes, views)
     depth: int = 6  # actions per path
     tensors: int = 2  # live tensors per view: the view and one derived (or two derived, once it is dropped)
+    #: the device bytes (offset, size) a copy may touch; each copy reserves that many fresh ring bytes
+    spans: tuple[tuple[int, int], ...] = WIDE
+    ring: int = 16  # host ring bytes: small enough to fill and wrap within the depth, stream offsets count
+
+    def __post_init__(self) -> None:
+        if not self.spans or any(o < 0 or n < 1 or o + n > EXTENT for o, n in self.spans):
+            raise ValueError(f"each span (offset, size) must lie within an allocation's {EXTENT} bytes: {self.spans}")
+        if (
+            min(self.allocations, self.in_flight, self.depth, self.tensors, self.ring) < 1
+            or min(self.restarts, self.faults) < 0
+        ):
+            raise ValueError(f"a bound's limits are counts (allocations, depth, ... at least 1): {self}")
+
+    @property
+    def ring_fills(self) -> bool:
+        return self.ring < self.depth * max(n for _, n in self.spans)
+
+
+#: Named bounds. `narrow`: the first release's (one copy span, a ring that never fills): the
+#: seeded-bug tests' bound. `default`: three allocations, copies of four spans, a ring of 16 B
+#: that fills and wraps. `deep`: the same, deeper (over a million states).
+PROFILES: dict[str, Bound] = {
+    "narrow": Bound(allocations=2, depth=6, spans=((0, 4),), ring=RING),
+    "default": Bound(),
+    "deep": Bound(depth=7),
+}
 
 
 @dataclass
@@ -72,6 +99,7 @@ class Report:
     transitions: int = 0
     depth: int = 0
     seconds: float = 0.0
+    jobs: int = 1  # processes that explored
     coverage: Coverage = field(default_factory=lambda: Coverage(default_table(), "checker"))
     violation: Violation | None = None
 
@@ -86,7 +114,8 @@ class Report:
             [
                 f"bound: {self.bound}",
                 f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
-                f"time: {self.seconds:.1f} s   states/s: {rate:.0f}",
+                f"time: {self.seconds:.1f} s   states/s: {rate:.0f} "
+                f"({self.jobs} process{'es' if self.jobs > 1 else ''}, {rate / self.jobs:.0f} per process)",
                 f"spec transitions covered: {sum((s, e, i) in hit for s, e, i, _ in t)}/{len(t)}   "
                 f"rejections covered: {sum((s, e, i) in hit for s, e, i, _ in r)}/{len(r)}   "
                 f"hazard edges covered: {len(edges) - len(self.coverage.missing_edges())}/{len(edges)}",
@@ -110,14 +139,22 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
         busy = len(m.allocs[a].uses) >= bound.in_flight
         # a failing free: this allocation's (at once) or the next release (deferred by its uses)
         actions += [("free", a, f) for f in can_fail if not (f and m._use_rejection(a))]
-        if not busy:
+        if busy:
+            pass
+        elif m._use_rejection(a):  # refused before the backend: which fault it would meet cannot matter
+            actions += [
+                (c, a, span, sync, False) for c in ("h2d", "d2h") for span in bound.spans for sync in (True, False)
+            ]
+            actions += [("compute", a, False), ("wrap", a, 0, False), ("wrap", a, UNALIGNED, False)]
+        else:
             for copy in ("h2d", "d2h"):
-                actions += [(copy, a, sync, f) for sync in (True, False) for f in can_fail]
-                actions += [(copy, a, AT_ONCE, f) for f in can_fail]  # the backend finishes it at submission
-                if faults_used < bound.faults:
-                    actions.append((copy, a, LOST))  # its first query (at submission) fails
+                for span in bound.spans:
+                    # synchronous, asynchronous, finished by the backend at submission
+                    actions += [(copy, a, span, mode, f) for mode in (True, False, AT_ONCE) for f in can_fail]
+                    if faults_used < bound.faults:
+                        actions.append((copy, a, span, LOST, False))  # its first query (at submission) fails
             actions += [("compute", a, f) for f in can_fail]
-            actions += [("wrap", a, 0), ("wrap", a, UNALIGNED)]
+            actions += [("wrap", a, 0, f) for f in can_fail] + [("wrap", a, UNALIGNED, False)]
         actions += [("raw", a, "copy_end"), ("raw", a, "compute_end"), ("raw", a, "restart")]
     actions.append(("oob", 0))
     if m.generation < bound.restarts:
@@ -125,10 +162,10 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
     for use in s.submitted():  # held-back uses are the bridge's to submit (ORDER-1)
         actions += [("complete", use, f) for f in can_fail]
         if faults_used < bound.faults:
-            actions.append(("query", use))  # the backend's query fails: the event fails
+            actions += [("query", use), ("wait", use, True)]  # the backend's query / wait fails: the event fails
     for use in sorted(s.pending):
         if not m.uses[use].submitted:
-            actions.append(("wait", use))  # runs the chain it follows, oldest first
+            actions.append(("wait", use, False))  # runs the chain it follows, oldest first
     if m.unreported:
         actions.append(("poll",))  # reports the deferred frees that failed
     for t in sorted(s.tensors):
@@ -160,22 +197,21 @@ def apply(s: Lockstep, action: Action) -> None:
             s.arm_free_fault()
         s.free(s.handles[action[1]])
     elif kind in ("h2d", "d2h"):
-        a, mode = action[1], action[2]
-        fails = action[3] if len(action) > 3 else False
-        sync = mode is True
+        _, a, (d_off, n), mode, fails = action
         extra = {"at_once": mode == AT_ONCE, "lost": mode == LOST}
-        r = s.reserve(CHUNK)
-        assert r is not None
-        if kind == "h2d":
-            s.fill(r, bytes(range(len(s.reservations), len(s.reservations) + CHUNK)))
-            s.host_to_device(r, s.handles[a], 0, sync, fails, **extra)
+        r = s.reserve(n)
+        if r is None:  # the ring is full (RING-2): the refusal was the step
+            pass
+        elif kind == "h2d":
+            s.fill(r, bytes((len(s.reservations) * 16 + i) % 256 for i in range(n)))
+            s.host_to_device(r, s.handles[a], d_off, mode is True, fails, **extra)
         else:
-            s.device_to_host(s.handles[a], 0, r, sync, fails, **extra)
+            s.device_to_host(s.handles[a], d_off, r, mode is True, fails, **extra)
     elif kind == "compute":
         s.compute([s.handles[action[1]]], action[2])
     elif kind == "wrap":
-        _, a, offset = action
-        s.wrap(s.handles[a], offset, EXTENT - offset)
+        _, a, offset, fails = action
+        s.wrap(s.handles[a], offset, EXTENT - offset, fails)
     elif kind == "derive":
         s.derive(action[1], action[2])
     elif kind == "drop":
@@ -185,7 +221,7 @@ def apply(s: Lockstep, action: Action) -> None:
     elif kind == "query":
         s.query_fails(action[1], via_poll=False)
     elif kind == "wait":
-        s.wait(action[1])
+        (s.wait_fails if action[2] else s.wait)(action[1])
     elif kind == "poll":
         s.poll(0)
     elif kind == "restart":
@@ -213,23 +249,32 @@ def apply(s: Lockstep, action: Action) -> None:
     s.reconcile()  # events of uses the model ended on its own settle now (as check() would)
 
 
-FAULTABLE = ("alloc", "free", "restart", "h2d", "d2h", "compute", "complete")
+def faults_of(action: Action) -> int:
+    """How many injected faults an action spends: a failing call or completion, a lost copy,
+    a failing query or wait."""
+    kind = action[0]
+    if kind in ("h2d", "d2h"):
+        return int(action[3] == LOST or action[4] is True)
+    if kind in ("alloc", "free", "restart", "compute", "complete", "wrap"):
+        return int(action[-1] is True)
+    return int(kind == "query" or (kind == "wait" and action[2] is True))
 
 
 def faults_in(path: Iterable[Action]) -> int:
-    return sum(1 for a in path if a[0] == "query" or a[-1] == LOST or (a[0] in FAULTABLE and a[-1] is True))
+    return sum(map(faults_of, path))
 
 
-def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
-    """The state up to allocation identities, byte values and stream offsets."""
+def canonical(s: Lockstep, faults_used: int, positions: bool = False) -> tuple[Any, ...]:
+    """The state up to allocation identities and byte values; stream offsets count only where
+    the ring can fill (`positions`: the head and each leftover range, modulo the capacity)."""
     m = s.model
     allocs = []
     for a, alloc in m.allocs.items():
         # copies and computes in issue order (which follows which matters: ORDER-1), views as a set
         ordered = tuple(
-            (m.uses[u].kind, m.uses[u].fails, m.uses[u].submitted)
+            (u_.kind, u_.fails, u_.submitted, u_.device_offset, None if u_.host is None else len(u_.host))
             for u in sorted(alloc.uses)
-            if m.uses[u].kind != "view"
+            if (u_ := m.uses[u]).kind != "view"
         )
         views = tuple(
             sorted(
@@ -243,59 +288,130 @@ def canonical(s: Lockstep, faults_used: int) -> tuple[Any, ...]:
         span = set(s.span(r))
         if span & m.unreleased:
             held = any(use.host is not None and span & set(use.host) for use in m.uses.values())
-            leftovers.append((bool(span & m.failed), held, len(span & m.unreleased)))
+            where = (r.start % m.capacity, r.nbytes) if positions else ()
+            leftovers.append((bool(span & m.failed), held, len(span & m.unreleased), where))
     frees = (m.free_faults, m.unreported)  # armed free faults, failed deferred frees poll will report
-    return (m.generation, faults_used, frees, tuple(sorted(allocs)), tuple(sorted(leftovers)))
+    head = m.head % m.capacity if positions else 0
+    return (m.generation, faults_used, frees, head, tuple(sorted(allocs)), tuple(sorted(leftovers)))
 
 
 # ------------------------------------------------------------ search
 
 
-def replay(path: Iterable[Action], record: bool = False, observer: Any = None, edges: Any = None) -> Lockstep:
-    s = Lockstep(RING, observer=observer, record=record, edges=edges)
+def replay(
+    path: Iterable[Action],
+    record: bool = False,
+    observer: Any = None,
+    edges: Any = None,
+    checked: bool = False,
+    ring: int = RING,
+) -> Lockstep:
+    """A fresh Lockstep taken along `path`; `checked`: each step was compared when the path was
+    first explored, so the replay skips the comparisons (the next step's `check()` sees all)."""
+    s = Lockstep(ring, observer=observer, record=record, edges=edges)
+    s.replaying = checked
     for action in path:
         apply(s, action)
+    s.replaying = False
     return s
 
 
-def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] | None = None) -> Report:
-    """Explore every state within `bound`, breadth first. Stops at the first violation.
-    `progress(states, transitions, depth)` is called after each state is expanded."""
+@dataclass
+class Expansion:
+    """What expanding some states found: every transition taken, the new paths with their
+    canonical states, coverage, and the first violation (by the paths' order) if any."""
+
+    transitions: int = 0
+    found: list[tuple[tuple[Action, ...], tuple[Any, ...]]] = field(default_factory=list)
+    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    violation: Violation | None = None
+
+
+def expand(paths: Iterable[tuple[Action, ...]], bound: Bound, known: Callable[[tuple[Any, ...]], bool]) -> Expansion:
+    """Take every enabled action from each path's state, check the step and every invariant, and
+    keep the new paths whose state `known` does not know. Stops at the first violation."""
+    coverage = Coverage(default_table(), "checker")
+    ring = bound.ring
+    out = Expansion(hits=coverage.hits, edges=coverage.edges)
+    for path in paths:
+        used = faults_in(path)
+        s: Lockstep | None = replay(path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring)
+        assert s is not None
+        for action in enabled(s, bound, used):  # the first action takes the state enabled() saw; the rest replay
+            out.transitions += 1
+            new_path = (*path, action)
+            try:
+                s = s or replay(path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring)
+                apply(s, action)
+                s.check()
+            except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
+                out.violation = Violation(new_path, f"{type(e).__name__}: {e}", render(new_path, ring), kill_of(e))
+                return out
+            key = canonical(s, used + faults_of(action), bound.ring_fills)
+            s = None
+            if not known(key):
+                out.found.append((new_path, key))
+    return out
+
+
+class _Worker:
+    """A forked worker's side: it expands chunks of one level at a time and leaves out states
+    the coordinator already had before that level (so the results do not depend on which
+    worker took which chunk)."""
+
+    bound: ClassVar[Bound]
+    reported: ClassVar[dict[tuple[Any, ...], int]]  # state -> the level it was first reported at
+
+    @classmethod
+    def start(cls, bound: Bound) -> None:
+        cls.bound, cls.reported = bound, {}
+
+    @classmethod
+    def run(cls, job: tuple[int, list[tuple[Action, ...]]]) -> Expansion:
+        level, paths = job
+        out = expand(paths, cls.bound, lambda key: cls.reported.get(key, level) < level)
+        for _, key in out.found:
+            cls.reported.setdefault(key, level)
+        return out
+
+
+def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] | None = None, jobs: int = 1) -> Report:
+    """Explore every state within `bound`, breadth first, in `jobs` processes (forked: a seeded
+    bug patched in before the call is in them too). Stops at the first violation, the first in
+    breadth-first order whatever `jobs` is. `progress(states, transitions, depth)` is called as
+    states are expanded."""
     bound = bound or Bound()
-    report = Report(bound)
+    report = Report(bound, jobs=jobs)
     start = time.perf_counter()
-    initial = replay(())
-    seen = {canonical(initial, 0)}
+    seen = {canonical(replay((), ring=bound.ring), 0, bound.ring_fills)}
     frontier: list[tuple[Action, ...]] = [()]
-    report.states = 1
-    for depth in range(bound.depth):
-        next_frontier: list[tuple[Action, ...]] = []
-        for path in frontier:
-            base = replay(path)
-            used = faults_in(path)
-            for action in enabled(base, bound, used):
-                report.transitions += 1
-                new_path = (*path, action)
-                try:
-                    s = replay(path, observer=report.coverage.record, edges=report.coverage.record_edge)
-                    apply(s, action)
-                    s.check()
-                except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
-                    error = f"{type(e).__name__}: {e}"
-                    report.violation = Violation(new_path, error, render(new_path), kill_of(e))
-                    report.seconds = time.perf_counter() - start
+    pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
+    try:
+        for depth in range(bound.depth):
+            next_frontier: list[tuple[Action, ...]] = []
+            for out in _expansions(frontier, bound, seen, pool, depth, jobs):
+                report.transitions += out.transitions
+                for key, n in out.hits.items():
+                    report.coverage.hits[key] = report.coverage.hits.get(key, 0) + n
+                report.coverage.edges.update(out.edges)
+                for new_path, key in out.found:
+                    if key not in seen:
+                        seen.add(key)
+                        next_frontier.append(new_path)
+                if out.violation is not None:
+                    report.violation = out.violation
                     report.depth = depth + 1
-                    return report
-                key = canonical(s, faults_in(new_path))
-                if key not in seen:
-                    seen.add(key)
-                    next_frontier.append(new_path)
-            if progress is not None:
-                progress(len(seen), report.transitions, depth + 1)
-        if not next_frontier:
-            break
-        report.depth = depth + 1
-        frontier = next_frontier
+                    break
+                if progress is not None:
+                    progress(len(seen), report.transitions, depth + 1)
+            if report.violation is not None or not next_frontier:
+                break
+            report.depth = depth + 1
+            frontier = next_frontier
+    finally:
+        if pool is not None:
+            pool.terminate()
     report.states = len(seen)
     report.coverage.steps = report.transitions
     report.seconds = time.perf_counter() - start
@@ -303,9 +419,27 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
     return report
 
 
-def render(path: tuple[Action, ...]) -> str:
+def _expansions(
+    frontier: list[tuple[Action, ...]],
+    bound: Bound,
+    seen: set[tuple[Any, ...]],
+    pool: Any,
+    level: int,
+    jobs: int,
+) -> Iterator[Expansion]:
+    """The frontier's expansions in its order: in this process, or in chunks over the pool."""
+    if pool is None:
+        for path in frontier:
+            yield expand([path], bound, seen.__contains__)
+        return
+    size = max(1, min(64, len(frontier) // (jobs * 8)))
+    chunks = [(level, frontier[i : i + size]) for i in range(0, len(frontier), size)]
+    yield from pool.imap(_Worker.run, chunks)
+
+
+def render(path: tuple[Action, ...], ring: int = RING) -> str:
     """The path as a pytest test of the public API, asserting the model's answer after each step."""
-    s = replay((), record=True)
+    s = replay((), record=True, ring=ring)
     try:
         for action in path:
             apply(s, action)

@@ -278,13 +278,16 @@ class ReferenceModel:
             if not self._run_before(use):
                 return self._begin(use, sync=False)
 
-    def wrap(self, a: int, offset: int, nbytes: int) -> int | Reject:
+    def wrap(self, a: int, offset: int, nbytes: int, fails: bool = False) -> int | Reject | Fail:
         """A view of `nbytes` at `offset`: the id of its tensor. Checked as the bridge does: the
-        allocation's lifecycle, then the extent, then the alignment (both VIEW-2)."""
+        allocation's lifecycle, then the extent, then the alignment (both VIEW-2); then the
+        backend makes it, or (`fails`) cannot: VIEW-1, and nothing is in use."""
         if rejected := self._use_rejection(a):
             return rejected
         if offset + nbytes > self.allocs[a].extent or offset % VIEW_ALIGNMENT:
             return Reject("InvalidViewError", "VIEW-2")
+        if fails:
+            return Fail("InvalidViewError", "VIEW-1")
         u = self._begin(Use("view", [a], self.generation), sync=False)
         return self._tensor(u)
 

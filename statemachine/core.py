@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
@@ -105,21 +106,51 @@ class Composite:
     dest: str
 
 
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """What a core reads from its spec on every call, derived once per spec (not per core)."""
+
+    table: Table
+    errors: Mapping[str, type[BridgeError]]  # rule -> the error it raises
+    deltas: Mapping[str, tuple[str | None, int]]  # event -> (counter, delta)
+    #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
+    hazards: Mapping[tuple[str, str], str | None]
+    accesses: frozenset[str]  # the kinds of use that some hazard orders
+
+    @classmethod
+    def of(cls, spec: Lifecycle, table: Table) -> Lookups:
+        hazards = {(a, b): spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
+        return cls(
+            table,
+            {r.id: ERRORS[r.error or "BridgeError"] for r in spec.rules.values()},
+            {e.name: (e.counter, e.delta) for e in spec.events.values()},
+            hazards,
+            frozenset(k for k in USE_EVENTS if any(hazards[(k, b)] for b in USE_EVENTS)),
+        )
+
+
+@cache
+def packaged_lookups() -> Lookups:
+    return Lookups.of(load_spec(), default_table())
+
+
 class LifecycleCore:
+    """Every allocation's lifecycle state, generation and uses in flight, advanced only
+    through the compiled spec table; the Bridge performs the effects it returns."""
+
     def __init__(self, lifecycle: Lifecycle | None = None) -> None:
         if lifecycle is None:
-            self._spec, self._table = load_spec(), default_table()
+            self._spec, lookups = load_spec(), packaged_lookups()
         else:
-            self._spec, self._table = lifecycle, compile_table(build_machine(lifecycle), lifecycle)
-        self._errors: dict[str, type[BridgeError]] = {
-            r.id: ERRORS[r.error or "BridgeError"] for r in self._spec.rules.values()
-        }
-        self._deltas = {e.name: (e.counter, e.delta) for e in self._spec.events.values()}
-        #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
-        self._hazards = {(a, b): self._spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
-        self._accesses = frozenset(k for k in USE_EVENTS if any(self._hazards[(k, b)] for b in USE_EVENTS))
+            self._spec = lifecycle
+            lookups = Lookups.of(lifecycle, compile_table(build_machine(lifecycle), lifecycle))
+        self._table = lookups.table
+        self._errors = lookups.errors
+        self._deltas = lookups.deltas
+        self._hazards = lookups.hazards
+        self._accesses = lookups.accesses
         #: (state, kind, min(copies, 2), min(computes, 2)) -> a use's begin and end: the two compiled
-        #: steps (what an observer sees) and the state they lead to
+        #: steps (what an observer sees) and the state they lead to (per core: `_compose` fills it)
         self._instant: dict[tuple[str, str, int, int], Composite] = {}
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}

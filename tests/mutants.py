@@ -17,7 +17,7 @@ from devbridge import Bridge, DeviceRange, HostRing, RangeError
 from devbridge.backends.base import OK
 from devbridge.backends.fake import FakeBackend
 from devbridge.spec import Lifecycle, guard_values
-from devbridge.statemachine.core import Effects, InFlight, LifecycleCore
+from devbridge.statemachine.core import Effects, InFlight, LifecycleCore, packaged_lookups
 from devbridge.statemachine.machine import Step, Table
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
@@ -229,8 +229,12 @@ def _without_hazard(name: str) -> Iterator[None]:
         found = original(self, earlier, later)
         return None if found == name else found
 
-    with mock.patch.object(Lifecycle, "hazard", hazard):
-        yield
+    packaged_lookups.cache_clear()  # cores compile the packaged spec's hazards once per process
+    try:
+        with mock.patch.object(Lifecycle, "hazard", hazard):
+            yield
+    finally:
+        packaged_lookups.cache_clear()
 
 
 @mutant("fake:order")

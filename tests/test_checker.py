@@ -3,6 +3,8 @@ yields a shortest counterexample that, run as a test, fails on the bug and passe
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -12,7 +14,7 @@ from mutants import KILLS, MUTANTS
 
 from devbridge.backends.fake import FakeBackend
 from devbridge.cli import main
-from devbridge.models.checker import Bound, check, describe, render, replay
+from devbridge.models.checker import PROFILES, Bound, check, describe, render, replay
 from devbridge.statemachine.core import LifecycleCore
 
 
@@ -22,21 +24,54 @@ def run_source(source: str) -> None:
     namespace["test_counterexample"]()  # type: ignore[operator]
 
 
-def test_default_bound_is_explored_with_no_violation_and_covers_the_spec() -> None:
-    report = check(Bound())
+NARROW = PROFILES["narrow"]  # the seeded bugs' bound: each is found within depth 5 of it
+
+
+def test_narrow_bound_is_explored_with_no_violation_and_covers_the_spec() -> None:
+    """In two processes, as `devbridge check` runs on this machine (the default bound, wider and
+    slower, is for the command line; the README gives its figures)."""
+    report = check(NARROW, jobs=2)
     assert report.violation is None
     assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
-    assert (report.states, report.transitions, report.depth) == (14464, 98667, 6)
+    assert (report.states, report.transitions, report.depth) == (14464, 91628, 6)
+
+
+def test_the_default_bound_fills_and_wraps_the_ring_with_copies_of_every_span() -> None:
+    """Three allocations, copies of four spans, a 16 B ring that the bound can fill: stream offsets
+    count in the canonical state, a full ring refuses a reservation (RING-2) and one wraps."""
+    bound = Bound()
+    assert bound.allocations == 3 and bound.ring_fills and len(bound.spans) == 4
+    path = (("alloc", False), *(("h2d", 0, (0, 8), True, False),) * 2, ("h2d", 0, (0, 4), True, False))
+    s = replay(path[:3], ring=bound.ring)  # two copies of 8 B fill the ring: it wraps to 0 after release
+    s.check()
+    assert [(r.start, r.nbytes) for r in s.reservations] == [(0, 8), (8, 8)]
+    s = replay(path, ring=bound.ring)
+    s.check()
+    assert [(r.start, r.nbytes) for r in s.reservations] == [(0, 8), (8, 8), (16, 4)]  # stream offsets
+    assert s.refusals == {}  # each sync copy released its bytes: the ring had room
+    full = replay((("alloc", False), *(("h2d", 0, (0, 8), False, False),) * 3), ring=bound.ring)
+    full.check()
+    assert full.refusals["RING-2"] == 1 and len(full.reservations) == 2  # two copies in flight fill it
+
+
+def test_two_processes_explore_exactly_what_one_does() -> None:
+    one, two = check(replace(NARROW, depth=4)), check(replace(NARROW, depth=4), jobs=2)
+    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth)
+    assert one.coverage.hits == two.coverage.hits and one.coverage.edges == two.coverage.edges
+    with MUTANTS["missing_waw_edge"]():
+        found = [check(replace(NARROW, depth=5), jobs=jobs).violation for jobs in (1, 2)]
+    assert found[0] is not None and found[1] is not None
+    assert found[0].path == found[1].path and found[0].kill == found[1].kill == "fake:order"
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_seeded_bug_yields_a_shortest_counterexample_test(name: str) -> None:
     with MUTANTS[name]():
-        report = check(Bound(depth=5))
+        report = check(replace(NARROW, depth=5))
         violation = report.violation
         assert violation is not None, f"{name} not found"
         assert violation.kill in KILLS[name], f"{name} was caught by {violation.kill}, not by {sorted(KILLS[name])}"
-        shorter = check(Bound(depth=len(violation.path) - 1))
+        shorter = check(replace(NARROW, depth=len(violation.path) - 1))
         assert shorter.violation is None, "breadth first: no shorter counterexample exists"
         with pytest.raises((AssertionError, pytest.fail.Exception)):  # an assertion of the model's answer fails
             run_source(violation.test_source)
@@ -54,7 +89,7 @@ def test_a_seeded_bug_that_fails_for_another_reason_is_not_counted_as_caught() -
         return original(self, kind, handles)
 
     with mock.patch.object(LifecycleCore, "begin", begin):
-        violation = check(Bound(depth=3)).violation
+        violation = check(replace(NARROW, depth=3)).violation
     assert violation is not None and violation.kill == "TypeError", violation
     assert violation.kill not in KILLS["view_does_not_pin"]
 
@@ -64,7 +99,7 @@ def test_a_missing_hazard_edge_is_caught_by_the_issue_order_bytes_alone(name: st
     """Without the fake's own ordering check, the model's issue-order bytes still catch each
     missing edge: the device or output bytes differ from a synchronous run's (ORDER-1)."""
     with MUTANTS[name](), mock.patch.object(FakeBackend, "_check_order", lambda self, *a: None):
-        violation = check(Bound(depth=5)).violation
+        violation = check(replace(NARROW, depth=5)).violation
     assert violation is not None, f"{name} not found"
     assert violation.kill in ("device-bytes", "host-bytes", "event"), violation.error
     print(f"\n{name}: {describe(violation.path)}\n  {violation.error[:160]}")
@@ -75,10 +110,10 @@ def test_a_path_through_every_view_action_renders_a_runnable_test() -> None:
     the release comes with the last one (here failing: reported by that poll). The rendered
     script runs and asserts the model's answer after every step."""
     path = [
-        ("alloc", False), ("wrap", 0, 0), ("wrap", 0, 4),  # t0; an unaligned view is refused (VIEW-2)
+        ("alloc", False), ("wrap", 0, 0, False), ("wrap", 0, 4, False),  # t0; unaligned: refused (VIEW-2)
         ("derive", 0, "reshape"), ("derive", 0, "lazy"), ("derive", 1, "assign"),  # t1, t2, t3
         ("drop", 0), ("free", 0, True), ("drop", 1), ("drop", 2), ("drop", 3),  # FREE-3 from the poll
-        ("alloc", False), ("wrap", 1, 0), ("derive", 4, "lazy"), ("drop", 4),  # t4, t5
+        ("alloc", False), ("wrap", 1, 0, False), ("derive", 4, "lazy"), ("drop", 4),  # t4, t5
         ("restart", False), ("drop", 5),  # the stale allocation is released with its last tensor
     ]  # fmt: skip
     s = replay(path)
@@ -92,11 +127,33 @@ def test_a_path_through_every_view_action_renders_a_runnable_test() -> None:
 
 
 def test_cli_reports_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--depth", "3", "--no-progress"]) == 0
+    assert main(["check", "--depth", "3", "--no-progress", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"bound: {Bound(depth=3)}" in out  # the CLI's defaults are Bound's
-    assert "distinct states: 168   transitions: 519   depth reached: 3" in out
+    assert f"bound: {Bound(depth=3)}" in out  # the CLI's default profile is Bound's defaults
+    assert "distinct states: 686   transitions: 2063   depth reached: 3" in out
+    assert re.search(r"time: [0-9.]+ s   states/s: [0-9]+ \(2 processes, [0-9]+ per process\)", out), out
     assert "spec candidates outside this bound:" in out  # depth 3 is too shallow for all of them
+    assert main(["check", "--profile", "narrow", "--depth", "2", "--spans", "2:4", "--no-progress"]) == 0
+    assert f"bound: {replace(NARROW, depth=2, spans=((2, 4),))}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--depth", "-1"], ["--depth", "0"], ["--allocations", "0"], ["--faults", "-1"], ["--jobs", "0"],
+        ["--ring", "x"], ["--spans", "6:4"], ["--spans", "0:0"], ["--spans", "4"], ["--profile", "huge"],
+    ],
+    ids=" ".join,
+)  # fmt: skip
+def test_cli_refuses_a_bound_that_is_not_one(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """One line on stderr and exit 2, before anything is explored."""
+    with pytest.raises(SystemExit) as exited:
+        code = main(["check", "--no-progress", *argv])
+        raise SystemExit(code)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "distinct states" not in captured.err
+    assert len(captured.err.strip().splitlines()[-1]) > 0
 
 
 def test_cli_exits_non_zero_and_writes_the_counterexample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
