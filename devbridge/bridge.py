@@ -75,10 +75,10 @@ POLL_S = 0.002
 log = logging.getLogger("devbridge")
 
 
-def _flag(name: str, value: object) -> bool:
+def _flag(name: str, value: object) -> None:
+    """ARG-1 unless `value` is a bool (not merely truthy)."""
     if type(value) is not bool:
         raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
-    return value
 
 
 class Bridge:
