@@ -137,7 +137,7 @@ class FakeBackend:
         self.finish_at_once = False
         self.generation = 0
         self.calls: list[Call] = []
-        self.violations: list[str] = []
+        self.violations: list[FakeViolation] = []  # each also raised where it happened
         self._buffers: dict[int, FakeBuffer] = {}
         self._events: dict[int, FakeEvent] = {}
         self._live: list[FakeEvent] = []  # events that may be pending, oldest first (pruned as they finish)
@@ -331,8 +331,9 @@ class FakeBackend:
 
     def _violate(self, kind: str, message: str) -> None:
         assert kind in VIOLATION_KINDS, kind
-        self.violations.append(message)
-        raise FakeViolation(kind, message)
+        violation = FakeViolation(kind, message)
+        self.violations.append(violation)
+        raise violation
 
     def _lose_on_fault(self, op: str, ev: FakeEvent) -> None:
         """An armed query/wait fault: the device gives up the event's work (if still pending) and says so."""

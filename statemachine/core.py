@@ -278,7 +278,9 @@ class LifecycleCore:
                 earlier.followers.append(use)
         if kind in self._accesses:
             for alloc_id in use.allocations:
-                record = self._allocations[alloc_id]
+                # a dead record here means a check was bypassed (a bug): no bytes to order, no crash
+                if (record := self._allocations.get(alloc_id)) is None:
+                    continue
                 if record.accesses is None:
                     record.accesses = []
                 record.accesses.append(use)

@@ -26,7 +26,7 @@ def violation(fake: FakeBackend, call: Callable[[], object]) -> tuple[str, str]:
     recorded = len(fake.violations)
     with pytest.raises(FakeViolation) as e:
         call()
-    assert fake.violations[recorded:] == [str(e.value)]
+    assert fake.violations[recorded:] == [e.value]
     return e.value.kind, str(e.value)
 
 
