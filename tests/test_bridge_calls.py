@@ -4,14 +4,19 @@ backend its generation, and the counters in `stats()` count each call once."""
 
 from __future__ import annotations
 
+import copy
 import gc
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 from rules import deferred, refused
 from support import put
 
+import devbridge.bridge as bridge_module
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import DEFAULT_CAPACITY, Call, FakeBackend
@@ -28,7 +33,15 @@ CALLS: dict[str, tuple[str | None, Callable[[Bridge, HostRing, DeviceHandle], An
     "compute": ("compute", lambda b, r, other: b.compute(other)),
     "wrap_for_tinygrad": ("view", lambda b, r, other: b.wrap_for_tinygrad(other, WHOLE)),
     "restart": (None, lambda b, r, other: b.restart()),
+    "pins": (None, lambda b, r, other: b.pins(other)),
+    "stats": (None, lambda b, r, other: b.stats()),
 }
+
+
+@pytest.fixture
+def hung() -> FakeBackend:
+    """A fake whose wait blocks until a test (maybe on another thread) completes the work."""
+    return FakeBackend(run_on_wait=False)
 
 
 def ops(fake: FakeBackend) -> list[tuple[str, int | None]]:
@@ -176,3 +189,267 @@ def test_wait_any_keeps_asking_a_deaf_backend_until_its_timeout(ring: HostRing) 
     with refused("WAIT-1"):
         bridge.wait_any([e], timeout=0.3)
     assert fake.queries >= 10, fake.queries  # 150 at 2 ms; a 1 s interval would ask once or twice
+
+
+# ------------------------------------------------------------ held copies and refreshes
+
+
+def inputs(fake: FakeBackend) -> list[tuple[str, bool | None]]:
+    return [(c.op, c.sync) for c in fake.calls if c.op in ("copy_in", "copy_out")]
+
+
+@pytest.mark.parametrize("second", ["copy_in", "copy_out"])
+def test_a_held_copy_is_submitted_asynchronously_once_its_predecessor_ends(
+    second: str, fake: FakeBackend, bridge: Bridge, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    e0 = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    if second == "copy_in":
+        e1 = bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(h, 2, 4), sync=False)  # WAW: held
+    else:
+        e1 = bridge.device_to_host(DeviceRange(h, 0, 4), ring.reserve(4), sync=False)  # RAW: held
+    assert inputs(fake) == [("copy_in", False)]
+    fake.complete(e0)
+    assert inputs(fake) == [("copy_in", False), (second, False)]  # launched, not run at once
+    assert not e1.done() and bridge.state(h) == "copying"
+    fake.complete(e1)
+    assert e1.done() and e1.error is None and bridge.state(h) == "idle"
+
+
+def test_asking_a_held_event_asks_the_copies_it_follows_on_a_deaf_backend(ring: HostRing) -> None:
+    """Nothing reports completions: done() on a held event queries the use it follows, whose end
+    launches it."""
+    fake = Deaf()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    e0 = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    e1 = bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(h, 0, 4), sync=False)
+    fake.complete(e0)
+    assert not e1.done()
+    assert inputs(fake) == [("copy_in", False), ("copy_in", False)] and bridge.state(h) == "copying"
+    fake.complete(e1)
+    assert e1.done() and bytes(fake.buffer(0).data[:4]) == b"wxyz"
+
+
+def test_a_synchronous_copy_on_a_deaf_backend_waits_for_the_copy_it_follows(ring: HostRing) -> None:
+    fake = Deaf()
+    fake.run_on_wait = True  # the device runs the work it is waited for
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    e0 = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    out = ring.reserve(4)
+    bridge.device_to_host(DeviceRange(h, 0, 4), out, sync=True)  # RAW: waits for e0 first
+    assert e0.done() and bytes(ring.view(out)) == b"abcd"
+    assert inputs(fake) == [("copy_in", False), ("copy_out", True)] and bridge.stats()["waits"] == 1
+
+
+def test_a_compute_completed_inside_its_block_ends_as_the_block_exits(fake: FakeBackend, bridge: Bridge) -> None:
+    h = bridge.alloc_device(U8, 8)
+    with bridge.compute(h) as e:
+        fake.complete(e)
+        assert bridge.state(h) == "computing"  # cannot end while the block is open (ORDER-2)
+    assert bridge.state(h) == "idle" and e.done() and e.error is None
+
+
+class RefusesExtend(FakeBackend):
+    def extend(self, token: object) -> None:
+        raise BackendError("the marker cannot be extended")
+
+
+def test_a_compute_marker_the_backend_cannot_extend_fails_the_compute() -> None:
+    fake = RefusesExtend()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    with bridge.compute(h) as e:
+        pass
+    assert e.done() and type(e.error).__name__ == "ComputeError" and e.error.rule == "COMPUTE-F"
+    assert "extended" in str(e.error) and bridge.state(h) == "idle"
+
+
+class WaitRaises(FakeBackend):
+    """A backend whose wait raises and leaves the work pending (it will not touch it again)."""
+
+    def wait(self, token: object, timeout: float | None) -> bool:
+        raise BackendError("the device stopped answering")
+
+
+@pytest.mark.rejects("COPY-F")
+def test_a_wait_the_backend_refuses_fails_the_event_even_if_its_token_stays_pending(ring: HostRing) -> None:
+    fake = WaitRaises()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    with refused("COPY-F", match="stopped answering"):
+        e.wait(timeout=1)
+    assert e.done() and bridge.state(h) == "idle" and len(fake.pending()) == 1
+
+
+def test_a_bookkeeping_error_at_an_end_settles_the_event_with_it_and_is_raised(
+    fake: FakeBackend, bridge: Bridge, ring: HostRing
+) -> None:
+    """Never silently lost: the error reaches whoever delivered the end, and the event."""
+    from devbridge import LifecycleError
+    from devbridge.statemachine.core import LifecycleCore
+
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    broken = LifecycleError("EVENT-1", "the core lost the use")
+    with mock.patch.object(LifecycleCore, "end", side_effect=broken), pytest.raises(LifecycleError) as raised:
+        fake.complete(e)
+    assert raised.value is broken and e.done() and e.error is broken
+
+
+# ------------------------------------------------------------ waits
+
+
+@pytest.mark.parametrize("call", ["wait_any", "wait_all"])
+@pytest.mark.parametrize("timeout", [None, 0.9])
+def test_waits_return_the_completion_another_thread_makes(
+    call: str, timeout: float | None, hung: FakeBackend, ring: HostRing
+) -> None:
+    """Under a second of timeout (or none) is time to wait, not a timeout already passed."""
+    bridge = Bridge(hung)
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    threading.Timer(0.05, hung.complete, [e]).start()
+    if call == "wait_any":
+        assert bridge.wait_any([e], timeout=timeout) is e
+    else:
+        bridge.wait_all([e], timeout=timeout)
+    assert e.done() and e.error is None
+
+
+@pytest.mark.parametrize("lock_busy", [False, True], ids=["lock free", "lock busy"])
+def test_a_completion_wakes_wait_any_at_once(lock_busy: bool, hung: FakeBackend, ring: HostRing) -> None:
+    """wait_any sleeps on a condition each reported completion notifies (with POLL_S at 10 s it
+    would otherwise sleep until its 5 s deadline), whether or not the completing thread could
+    take the bridge's lock."""
+    bridge = Bridge(hung)
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another call holds the bridge's lock while the completion arrives
+        with bridge._lock:
+            held.set()
+            done.wait(5)
+            time.sleep(0.05)
+
+    def complete() -> None:
+        if lock_busy:
+            threading.Thread(target=hold).start()
+            held.wait(5)
+        hung.complete(e)
+        done.set()
+
+    with mock.patch.object(bridge_module, "POLL_S", 10.0):
+        threading.Timer(0.05, complete).start()
+        start = time.monotonic()
+        assert bridge.wait_any([e], timeout=5) is e
+    assert time.monotonic() - start < 2.5  # woken, not timed out (5 s)
+
+
+def test_an_end_found_by_another_threads_poll_wakes_wait_any(ring: HostRing) -> None:
+    fake = Deaf()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+
+    def complete_and_poll() -> None:
+        fake.complete(e)
+        bridge.poll()
+
+    with mock.patch.object(bridge_module, "POLL_S", 10.0):
+        threading.Timer(0.05, complete_and_poll).start()
+        start = time.monotonic()
+        assert bridge.wait_any([e], timeout=5) is e
+    assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ("abc", "needs an iterable of events"),
+        (5, "needs an iterable of events"),
+        (None, "needs an iterable of events"),
+        ([1], "is not an event of this bridge"),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("call", ["wait_any", "wait_all"])
+def test_waits_say_what_is_wrong_with_their_events(call: str, events: object, message: str, bridge: Bridge) -> None:
+    with refused("ARG-1", match=message):
+        getattr(bridge, call)(events, timeout=0)
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("call", ["wait_any", "wait_all"])
+def test_waits_refuse_events_that_fail_as_they_are_read(call: str, bridge: Bridge, ring: HostRing) -> None:
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=True)
+
+    def events() -> Iterator[object]:
+        yield e
+        raise ValueError("the list went away")
+
+    with refused("ARG-1", match="reading .* failed"):
+        getattr(bridge, call)(events(), timeout=0)
+
+
+# ------------------------------------------------------------ forged arguments
+
+
+@pytest.mark.rejects("HANDLE-1")
+def test_a_handle_whose_spec_was_made_unhashable_is_not_this_bridges(bridge: Bridge) -> None:
+    h = bridge.alloc_device(U8, 8)
+    spec = copy.copy(h.spec)
+    object.__setattr__(spec, "role", ["data"])  # past ObjectSpec's own validation
+    forged = copy.copy(h)
+    object.__setattr__(forged, "spec", spec)
+    with refused("HANDLE-1"):
+        bridge.state(forged)
+    assert bridge.state(h) == "allocated"
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_a_forged_empty_device_range_is_refused_before_the_backend(
+    fake: FakeBackend, bridge: Bridge, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    empty = copy.copy(DeviceRange(h, 0, 4))
+    object.__setattr__(empty, "nbytes", 0)  # DeviceRange refuses 0 B itself; the bridge checks again
+    host = copy.copy(ring.reserve(4))
+    object.__setattr__(host, "nbytes", 0)
+    calls = len(fake.calls)
+    with refused("RANGE-1"):
+        bridge.host_to_device(host, empty)
+    assert len(fake.calls) == calls
+
+
+class CompletesOnADeviceThread(FakeBackend):
+    """A synchronous copy that, like a device, first lets a thread of its own report an earlier
+    copy's completion, and waits for that thread."""
+
+    reporter_returned: bool | None = None
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        if sync and (earlier := self.pending()):
+            reporter = threading.Thread(target=self.complete, args=[earlier[0]])
+            reporter.start()
+            reporter.join(2)
+            self.reporter_returned = not reporter.is_alive()
+        return super().copy_in(buffer, offset, src, sync=sync)
+
+
+def test_a_completion_reported_while_a_call_holds_the_lock_never_blocks_the_reporter(ring: HostRing) -> None:
+    """The device thread must not wait for the bridge's lock (the caller holding it may be waiting
+    for that thread): the next call applies the completion instead."""
+    fake = CompletesOnADeviceThread()
+    bridge = Bridge(fake)
+    a, b = bridge.alloc_device(U8, 8), bridge.alloc_device(U8, 8)
+    e0 = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(a, 0, 4), sync=False)
+    bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(b, 0, 4), sync=True)
+    assert fake.reporter_returned is True
+    assert bridge.state(a) == "idle" and e0.done() and e0.error is None
