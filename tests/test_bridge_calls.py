@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -453,3 +454,75 @@ def test_a_completion_reported_while_a_call_holds_the_lock_never_blocks_the_repo
     bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(b, 0, 4), sync=True)
     assert fake.reporter_returned is True
     assert bridge.state(a) == "idle" and e0.done() and e0.error is None
+
+
+def completed_while_the_lock_is_busy(bridge: Bridge, fake: FakeBackend, event: object) -> None:
+    """Complete `event` on the fake while another thread holds the bridge's lock: the report
+    is only queued (nobody applies it until the next call)."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with bridge._lock:
+            held.set()
+            done.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    fake.complete(event)
+    done.set()
+    holder.join(5)
+
+
+def test_poll_counts_the_completions_reported_while_the_lock_was_busy(
+    fake: FakeBackend, bridge: Bridge, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    completed_while_the_lock_is_busy(bridge, fake, e)
+    assert bridge.poll() == 1
+    assert e.done() and bridge.state(h) == "idle"
+
+
+def test_a_queued_report_of_an_event_already_ended_is_dropped(
+    fake: FakeBackend, bridge: Bridge, ring: HostRing
+) -> None:
+    """The event ended through its own query before the queued report was applied."""
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    completed_while_the_lock_is_busy(bridge, fake, e)
+    assert e.done()  # asks the backend itself
+    assert bridge.poll() == 0 and bridge.state(h) == "idle" and bridge.stats()["copies_in"] == 1
+
+
+@pytest.mark.holds("PIN-1")
+def test_a_deferred_release_is_logged_once_each_after_pending_warning_s(
+    fake: FakeBackend, ring: HostRing, caplog: pytest.LogCaptureFixture
+) -> None:
+    bridge = Bridge(fake, pending_warning_s=0.0)
+    a, b = bridge.alloc_device(U8, 8), bridge.alloc_device(U8, 8)
+    busy = [bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False) for h in (a, b)]
+    with caplog.at_level(logging.WARNING, logger="devbridge"):
+        bridge.free_device(a)
+        bridge.poll()
+        bridge.free_device(b)  # a was logged already: b is logged in its own turn
+        bridge.poll()
+        bridge.poll()
+    messages = [r.getMessage() for r in caplog.records if r.name == "devbridge"]
+    assert [m.split(" (")[0] for m in messages] == ["allocation #0", "allocation #1"]
+    assert all(" is free_pending after 0 s; still in use by 1 copy_in" in m for m in messages), messages
+    for e in busy:
+        fake.complete(e)
+
+
+def test_no_deferred_release_is_logged_before_a_minute(
+    fake: FakeBackend, ring: HostRing, caplog: pytest.LogCaptureFixture
+) -> None:
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    with caplog.at_level(logging.WARNING, logger="devbridge"):
+        bridge.free_device(h)
+        bridge.poll()
+    assert [r for r in caplog.records if r.name == "devbridge"] == []
+    fake.complete(e)
