@@ -54,7 +54,7 @@ class Bound:
     restarts: int = 2
     faults: int = 1  # injected failures (alloc, copy, compute, view, free, query, wait) along one path
     in_flight: int = 3  # uses in flight per allocation (copies, computes, views)
-    depth: int = 6  # actions per path
+    depth: int = 5  # actions per path
     tensors: int = 2  # live tensors per view: the view and one derived (or two derived, once it is dropped)
     #: the device bytes (offset, size) a copy may touch; each copy reserves that many fresh ring bytes
     spans: tuple[tuple[int, int], ...] = WIDE
@@ -80,7 +80,7 @@ class Bound:
 PROFILES: dict[str, Bound] = {
     "narrow": Bound(allocations=2, depth=6, spans=((0, 4),), ring=RING),
     "default": Bound(),
-    "deep": Bound(depth=7),
+    "deep": Bound(depth=6),
 }
 
 
