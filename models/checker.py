@@ -5,8 +5,11 @@ Bridge over FakeBackend and a HostRing, beside the reference model); a state
 is explored by replaying its path and applying each enabled action. Every
 step is checked against the model (refinement) and every invariant is checked
 in every state. States are deduplicated by a canonical form that forgets
-allocation identities (symmetry), byte values and stream offsets, so two
-states that differ only in which allocation is which are explored once.
+allocation identities (symmetry), byte values and, unless the ring can fill
+within the bound, stream offsets, so two states that differ only in which
+allocation is which are explored once. Replays skip the comparisons their
+steps passed when first explored; `check(jobs=N)` expands each level in N
+forked processes, with the same result as one.
 
 Breadth first, the first violation found is a shortest one; it is rendered as
 a runnable pytest test against the public API (`Violation.test_source`).
@@ -17,8 +20,9 @@ lazy op or an assign: `lockstep.DERIVE`) and any tensor dropped, the view
 first or last. So within the bound no backend free happens while any tensor
 reaching the memory lives, and the release follows the last one.
 
-The bound limits successful allocations, restarts, injected faults, uses in
-flight per allocation, live tensors per view, and depth. Within it every
+The bound (`Bound`, named ones in `PROFILES`) limits successful allocations,
+restarts, injected faults, uses in flight per allocation, live tensors per
+view and depth, and sets the device spans copies touch and the ring's size. Within it every
 interleaving of calls, completions (in any order, successful or failed),
 faults and restarts is explored; beyond it nothing is claimed.
 """
