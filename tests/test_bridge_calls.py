@@ -321,6 +321,16 @@ def test_waits_return_the_completion_another_thread_makes(
     assert e.done() and e.error is None
 
 
+def assert_woken(bridge: Bridge, event: Any, end: Callable[[], None]) -> None:
+    """wait_any returns `event`, which `end` (on another thread, 50 ms later) ends: woken by it,
+    not by its 5 s deadline (with POLL_S at 10 s, a waiter nobody wakes sleeps until then)."""
+    with mock.patch.object(bridge_module, "POLL_S", 10.0):
+        threading.Timer(0.05, end).start()
+        start = time.monotonic()
+        assert bridge.wait_any([event], timeout=5) is event
+    assert time.monotonic() - start < 2.5
+
+
 @pytest.mark.parametrize("lock_busy", [False, True], ids=["lock free", "lock busy"])
 def test_a_completion_wakes_wait_any_at_once(lock_busy: bool, hung: FakeBackend, ring: HostRing) -> None:
     """wait_any sleeps on a condition each reported completion notifies (with POLL_S at 10 s it
@@ -345,11 +355,7 @@ def test_a_completion_wakes_wait_any_at_once(lock_busy: bool, hung: FakeBackend,
         hung.complete(e)
         done.set()
 
-    with mock.patch.object(bridge_module, "POLL_S", 10.0):
-        threading.Timer(0.05, complete).start()
-        start = time.monotonic()
-        assert bridge.wait_any([e], timeout=5) is e
-    assert time.monotonic() - start < 2.5  # woken, not timed out (5 s)
+    assert_woken(bridge, e, complete)
 
 
 def test_an_end_found_by_another_threads_poll_wakes_wait_any(ring: HostRing) -> None:
@@ -362,11 +368,7 @@ def test_an_end_found_by_another_threads_poll_wakes_wait_any(ring: HostRing) -> 
         fake.complete(e)
         bridge.poll()
 
-    with mock.patch.object(bridge_module, "POLL_S", 10.0):
-        threading.Timer(0.05, complete_and_poll).start()
-        start = time.monotonic()
-        assert bridge.wait_any([e], timeout=5) is e
-    assert time.monotonic() - start < 2.5
+    assert_woken(bridge, e, complete_and_poll)
 
 
 @pytest.mark.rejects("ARG-1")

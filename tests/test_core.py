@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from rules import refused
 
@@ -172,3 +174,15 @@ def test_adjacent_device_spans_do_not_conflict(first: tuple[int, int], second: t
     core.begin("copy_in", [(rec.id, 0)], span=first)
     assert core.conflicts("copy_in", [(rec.id, 0)], second) == []
     assert [u.span for u in core.conflicts("copy_in", [(rec.id, 0)], (3, 5))] == [first]
+
+
+def test_a_use_of_a_dead_allocation_whose_check_was_bypassed_does_not_crash_the_core() -> None:
+    """Regression: with its check bypassed (a bug elsewhere), begin() on a dropped record raised
+    KeyError from the core's own bookkeeping; it now records no bytes to order for it."""
+    core = LifecycleCore()
+    record = core.add(8, None, object())
+    core.restart()  # idle: released at once, the record dropped
+    assert core.allocation(record.id) is None
+    with mock.patch.object(LifecycleCore, "check", lambda self, handles, event: None):
+        use = core.begin("compute", [(record.id, 0)])
+    assert use.allocations == (record.id,) and core.conflicts("compute", [(record.id, 0)]) == []
