@@ -8,17 +8,28 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from importlib import metadata
 from typing import Any
+
+from devbridge.backends.base import Backend
+
+
+def version() -> str:
+    try:
+        return metadata.version("devbridge")
+    except metadata.PackageNotFoundError:  # a source checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="devbridge", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"devbridge {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     example = commands.add_parser("example", help="run the bridge round trip (fake backend by default)")
     example.add_argument("--backend", choices=("fake", "tinygrad"), default="fake")
     example.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default)")
-    example.add_argument("--objects", type=int, default=16)
-    example.add_argument("--floats", type=int, default=1024, help="float32 values per object")
+    example.add_argument("--objects", type=at_least(1), default=16)
+    example.add_argument("--floats", type=at_least(1), default=1024, help="float32 values per object")
     example.add_argument("--seed", type=int, default=0)
     example.add_argument("--json", action="store_true", help="print the report as JSON")
     example.add_argument(
@@ -45,19 +56,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--spans", type=spans, default=None, help="device bytes a copy may touch, as OFFSET:SIZE,... (e.g. 0:4,2:4)"
     )
     check.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1, help="processes (default: one per CPU)")
-    check.add_argument("--no-progress", action="store_true", help="no progress bar")
+    check.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     check.add_argument("--test-out", default=None, help="write the counterexample test to this file")
     demo = commands.add_parser("demo", help="run the reference worker over synthetic objects")
-    demo.add_argument("--objects", type=int, default=1500, help="synthetic objects (default 1500: about 10 s here)")
+    demo.add_argument("--objects", type=at_least(1), default=1500, help="synthetic objects (default 1500)")
     demo.add_argument("--backend", choices=("fake", "tinygrad"), default="tinygrad")
-    demo.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default, CPU here)")
+    demo.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default)")
     demo.add_argument(
-        "--faults", type=float, default=0.0, help="probability of an injected alloc, copy, free or query failure"
+        "--faults",
+        type=probability,
+        default=0.0,
+        help="probability in [0, 1) of an injected alloc, copy, free or query failure",
     )
-    demo.add_argument("--restart-every", type=int, default=0, help="restart the worker every K delivered objects")
+    demo.add_argument(
+        "--restart-every", type=at_least(1), default=0, help="restart the worker every K delivered objects"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     commands.add_parser(
         "bench", help="every speed and memory goal, bridge beside raw tinygrad (see bench -h)", add_help=False
     )
@@ -73,14 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    backend = open_backend(args)
+    if backend is None:
+        return 2
     if args.command == "demo":
-        return run_demo_command(args)
-
+        return run_demo_command(args, backend)
     if args.jit:
-        return run_jit_command(args)
+        return run_jit_command(args, backend)
     from devbridge.example import run_example
 
-    report = run_example(args.objects, args.floats, args.seed, args.backend, args.device)
+    report = run_example(args.objects, args.floats, args.seed, backend)
     text = (
         f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
         f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"
@@ -92,10 +110,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return show(args, report, text, report.lost == report.live_allocations == report.unreleased_host_bytes == 0)
 
 
-def run_jit_command(args: argparse.Namespace) -> int:
+NO_PROGRESS = "no progress bar (there is one only when stderr is a terminal)"
+
+
+def usage_error(command: str, message: str) -> int:
+    """One line on stderr, exit status 2 (as argparse does for a bad option)."""
+    print(f"devbridge {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def open_backend(args: argparse.Namespace) -> Backend | None:
+    """The backend the options name, opened before any work; None (and one line) if it cannot be."""
+    from devbridge.backends import make_backend
+    from devbridge.errors import InvalidArgumentError
+
+    if args.backend == "fake" and args.device is not None:
+        usage_error(args.command, "--device names a tinygrad device; the fake backend has none")
+        return None
+    try:
+        return make_backend(args.backend, args.device)
+    except InvalidArgumentError as e:
+        usage_error(args.command, e.detail)
+        return None
+
+
+def progress_bar(args: argparse.Namespace) -> bool:
+    """Whether to draw a progress bar: asked for, and stderr is a terminal."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def run_jit_command(args: argparse.Namespace, backend: Backend) -> int:
     from devbridge.example import run_jit_example
 
-    report = run_jit_example(backend=args.backend, device=args.device, seed=args.seed)
+    report = run_jit_example(backend=backend, seed=args.seed)
     text = (
         f"jitted steps {report.steps}  verified {report.verified}  restarts {report.restarts}\n"
         f"a JIT that captured the weights' view in a closure: after free_device the weights are "
@@ -122,6 +169,17 @@ def at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
+def probability(text: str) -> float:
+    """An argparse type: a float in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
+    return value
+
+
 def spans(text: str) -> tuple[tuple[int, int], ...]:
     """OFFSET:SIZE,... as ((offset, size), ...); whether they fit is the Bound's to say."""
     try:
@@ -145,9 +203,8 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         bound = replace(PROFILES[args.profile], **{k: getattr(args, k) for k in fields if getattr(args, k) is not None})
     except ValueError as e:
-        print(f"devbridge check: {e}", file=sys.stderr)
-        return 2
-    with tqdm(desc="states", unit=" states", disable=args.no_progress, leave=False) as bar:
+        return usage_error("check", str(e))
+    with tqdm(desc="states", unit=" states", disable=not progress_bar(args), leave=False) as bar:
 
         def progress(states: int, transitions: int, depth: int) -> None:
             bar.n = states
@@ -164,27 +221,33 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"\nshortest counterexample ({len(report.violation.path)} steps): {describe(report.violation.path)}")
     print(report.violation.error)
     if args.test_out:
-        with open(args.test_out, "w") as f:
-            f.write(report.violation.test_source)
+        try:
+            with open(args.test_out, "w") as f:
+                f.write(report.violation.test_source)
+        except OSError as e:
+            print(f"devbridge check: cannot write the counterexample test: {e}", file=sys.stderr)
+            return 1
         print(f"wrote {args.test_out}")
     else:
         print("\n" + report.violation.test_source)
     return 1
 
 
-def run_demo_command(args: argparse.Namespace) -> int:
+def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
     from tqdm import tqdm
 
-    from devbridge.worker import run_demo
+    from devbridge.worker import WorkerStalled, run_demo
 
-    with tqdm(total=args.objects, unit=" objects", disable=args.no_progress or args.json, leave=False) as bar:
+    with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
 
         def progress(done: int) -> None:
             bar.update(done - bar.n)
 
-        summary = run_demo(
-            args.objects, args.backend, args.device, args.faults, args.restart_every, args.seed, progress
-        )
+        try:
+            summary = run_demo(args.objects, backend, None, args.faults, args.restart_every, args.seed, progress)
+        except WorkerStalled as e:
+            print(f"devbridge demo: {e}", file=sys.stderr)
+            return 1
     clean = summary.clean and summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
     if args.json:
         print(json.dumps({**asdict(summary), "clean": clean}))

@@ -1,5 +1,5 @@
-"""A runnable round trip of the bridge: the README's main job until the
-reference worker exists.
+"""Runnable round trips of the bridge, the shortest code that uses it right
+(`devbridge example`; the reference worker, `devbridge demo`, is the full job).
 
 Each object goes host ring -> device (async) -> tinygrad `y = 2x + 1` on
 zero-copy views -> host ring (async) -> checked against numpy. On the fake
@@ -20,6 +20,7 @@ from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import Bridge
+from devbridge.errors import InvalidArgumentError, short
 from devbridge.events import Event
 from devbridge.ring import HostRing
 from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
@@ -47,9 +48,14 @@ def settle(backend: Backend, event: Event) -> None:
 
 
 def run_example(
-    objects: int = 16, floats: int = 1024, seed: int = 0, backend: str = "fake", device: str | None = None
+    objects: int = 16, floats: int = 1024, seed: int = 0, backend: str | Backend = "fake", device: str | None = None
 ) -> ExampleReport:
-    dev = make_backend(backend, device)
+    """`objects` round trips of `floats` float32 values each on `backend` (a name for
+    make_backend, or an opened Backend)."""
+    for name, value in (("objects", objects), ("floats", floats)):
+        if type(value) is not int or value < 1:
+            raise InvalidArgumentError("ARG-1", f"{name} must be an int >= 1, got {short(value)}")
+    dev = make_backend(backend, device) if isinstance(backend, str) else backend
     bridge = Bridge(dev)
     nbytes = floats * 4
     inputs, outputs = HostRing(4 * nbytes), HostRing(4 * nbytes)
@@ -120,7 +126,11 @@ class JitReport:
 
 
 def run_jit_example(
-    steps: int = 6, restart_at: int = 3, backend: str = "tinygrad", device: str | None = None, seed: int = 0
+    steps: int = 6,
+    restart_at: int = 3,
+    backend: str | Backend = "tinygrad",
+    device: str | None = None,
+    seed: int = 0,
 ) -> JitReport:
     """TinyJit done right: every view the jitted step touches is passed as an argument, so the
     JIT swaps them per call; weights are uploaded through the bridge (again after a restart) and
@@ -130,7 +140,7 @@ def run_jit_example(
     from tinygrad.engine.jit import TinyJit
     from tinygrad.tensor import Tensor
 
-    dev = make_backend(backend, device)
+    dev = make_backend(backend, device) if isinstance(backend, str) else backend
     bridge, ring = Bridge(dev, pending_warning_s=0.0), HostRing(1 << 16)
     rows, d_in, d_out = 4, 8, 8
     x_view, y_view = TensorViewSpec((rows, d_in), "float32"), TensorViewSpec((rows, d_out), "float32")

@@ -47,13 +47,28 @@ from devbridge.backends.base import Backend
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.bridge import Bridge
-from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
+from devbridge.errors import (
+    BridgeError,
+    DeviceAllocationError,
+    DeviceFreeError,
+    InvalidArgumentError,
+    RingFullError,
+    WaitTimeoutError,
+    short,
+)
 from devbridge.events import Event
 from devbridge.ring import HostRing
 from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
 
 IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
+#: Failures in a row, with no object delivered in between, after which the backend is taken to
+#: fail for good (a device that cannot allocate, say), not by chance: the run ends, it never spins.
+GIVE_UP_AFTER = 1000
 TOLERANCE = 1e-4  # an output is right if within this, absolute and relative, of numpy's (float32 MLP)
+
+
+class WorkerStalled(RuntimeError):
+    """The backend kept failing: GIVE_UP_AFTER failures in a row and no object delivered."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +243,7 @@ class Worker:
         self.deliveries = 0  # sum(self.delivered.values()), kept as it grows: the loop reads it every pass
         self.wrong = 0
         self.failures_retried = 0
+        self.failures_in_a_row = 0  # since the last delivery (GIVE_UP_AFTER)
         self.free_failures = 0
         self.restarts = 0
         self.overlapped = 0
@@ -322,7 +338,17 @@ class Worker:
             except BridgeError as e:
                 if e.rule not in ("ALLOC-2", "COPY-F"):
                     raise
-                self.failures_retried += 1
+                self.failed(e)
+
+    def failed(self, error: BaseException) -> None:
+        """A failure the worker retries; too many in a row and the run ends (WorkerStalled)."""
+        self.failures_retried += 1
+        self.failures_in_a_row += 1
+        if self.failures_in_a_row >= GIVE_UP_AFTER:
+            raise WorkerStalled(
+                f"the backend failed {self.failures_in_a_row} times in a row with no object delivered "
+                f"(the last: {error}): giving up"
+            )
 
     def reported(self, call: Callable[..., object], *args: object) -> None:
         """A call that may report a failed backend free (FREE-3): the bridge finished its own
@@ -360,13 +386,13 @@ class Worker:
             return None
         try:
             x = self.bridge.alloc_device(self.x_spec, self.in_bytes)
-        except DeviceAllocationError:
-            self.failures_retried += 1
+        except DeviceAllocationError as e:
+            self.failed(e)
             return None
         try:
             y = self.bridge.alloc_device(self.y_spec, self.out_bytes)
-        except DeviceAllocationError:
-            self.failures_retried += 1
+        except DeviceAllocationError as e:
+            self.failed(e)
             self.reported(self.bridge.free_device, x)
             return None
         self.slots += 1
@@ -400,13 +426,13 @@ class Worker:
         if job.stage == "download" and job.computed is not None and job.computed.error is not None:
             # the download ran on the bytes as the failed compute left them (ORDER-1): start over
             # from the kept input, in the same slot (the output range is reused)
-            self.failures_retried += 1
+            self.failed(job.computed.error)
             job.computed = None
             self.upload(job)
             return False
         if job.event.error is None:
             return True
-        self.failures_retried += 1
+        self.failed(job.event.error)
         (self.upload if job.stage == "upload" else self.download)(job)
         return False
 
@@ -417,7 +443,7 @@ class Worker:
         except BridgeError as e:
             if e.rule != "COPY-F":
                 raise
-            self.failures_retried += 1
+            self.failed(e)
             return
         job.stage = stage
 
@@ -457,6 +483,7 @@ class Worker:
             self.wrong += 1
         self.delivered[job.k] += 1
         self.deliveries += 1
+        self.failures_in_a_row = 0
         self.outputs.release(job.out)  # the consumer took it
         self.inputs.release(job.src)  # the object is done: its input may go
         if self.deliveries % self.wake_every == 0:  # the producer refills the ring in batches
@@ -522,20 +549,38 @@ def fake_pump(fake: FakeBackend, seed: int) -> Callable[[], None]:
 RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
 
 
+def check_demo(objects: object, faults: object, restart_every: object) -> None:
+    """The demo's options, checked before anything starts (ARG-1): a bad one would spin forever."""
+    if type(objects) is not int or objects < 1:
+        raise InvalidArgumentError("ARG-1", f"objects must be an int >= 1, got {short(objects)}")
+    if type(faults) not in (int, float) or not 0 <= faults < 1:  # type: ignore[operator]
+        raise InvalidArgumentError("ARG-1", f"faults is a probability in [0, 1), got {short(faults)}")
+    if type(restart_every) is not int or restart_every < 0:
+        raise InvalidArgumentError("ARG-1", f"restart_every must be an int >= 0 (0: never), got {short(restart_every)}")
+
+
+def backend_name(backend: Backend) -> str:
+    """`fake`, or `tinygrad:<device>`."""
+    device = getattr(backend, "device", None)
+    return backend.name if device is None else f"{backend.name}:{device}"
+
+
 def run_demo(
     objects: int = 1500,
-    backend: str = "tinygrad",
+    backend: str | Backend = "tinygrad",
     device: str | None = None,
     faults: float = 0.0,
     restart_every: int = 0,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> Summary:
-    inner = make_backend(backend, device)
+    """The reference worker over `objects` synthetic objects on `backend` (a name for
+    make_backend, or an opened Backend). Raises WorkerStalled if the backend fails for good."""
+    check_demo(objects, faults, restart_every)
+    inner = make_backend(backend, device) if isinstance(backend, str) else backend
     pump = fake_pump(inner, seed) if isinstance(inner, FakeBackend) else None
     wrapped = FaultyBackend(inner, rate=faults, seed=seed, random_ops=RANDOM_FAULTS) if faults else inner
     worker = Worker(wrapped, objects, seed=seed, restart_every=restart_every, pump=pump)
     start = time.perf_counter()
     worker.run(progress)
-    name = backend if backend == "fake" else f"tinygrad:{getattr(inner, 'device', device)}"
-    return worker.summary(time.perf_counter() - start, name)
+    return worker.summary(time.perf_counter() - start, backend_name(inner))

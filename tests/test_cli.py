@@ -1,0 +1,131 @@
+"""The command line as a user meets it: every bad option is one line and exit 2, a backend that
+fails for good ends the run, nothing hangs. Each runs `python -m devbridge` in a subprocess
+with a timeout, from outside the checkout (the installed package, as a user has it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devbridge.backends.base import BackendError
+from devbridge.backends.fake import FakeBackend
+from devbridge.errors import InvalidArgumentError
+from devbridge.example import run_example
+from devbridge.worker import GIVE_UP_AFTER, WorkerStalled, run_demo
+
+TIMEOUT_S = 60  # each of these ends in well under a second; a hang is what this catches
+
+
+def devbridge(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devbridge", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+BAD_OPTIONS = [
+    (["demo", "--device", "NOPE"], "tinygrad cannot open device 'NOPE'"),
+    (["demo", "--faults", "2"], "argument --faults: must be a probability in [0, 1), got 2"),
+    (["demo", "--faults", "1"], "argument --faults: must be a probability in [0, 1), got 1"),
+    (["demo", "--faults", "-0.1"], "argument --faults: must be a probability in [0, 1), got -0.1"),
+    (["demo", "--faults", "often"], "argument --faults: not a number: 'often'"),
+    (["demo", "--restart-every", "-3"], "argument --restart-every: must be at least 1, got -3"),
+    (["demo", "--restart-every", "0"], "argument --restart-every: must be at least 1, got 0"),
+    (["demo", "--objects", "0"], "argument --objects: must be at least 1, got 0"),
+    (["demo", "--objects", "-2"], "argument --objects: must be at least 1, got -2"),
+    (["demo", "--backend", "fake", "--device", "CPU"], "--device names a tinygrad device; the fake backend has none"),
+    (["check", "--depth", "-1"], "argument --depth: must be at least 1, got -1"),
+    (["check", "--allocations", "0"], "argument --allocations: must be at least 1, got 0"),
+    (["check", "--jobs", "0"], "argument --jobs: must be at least 1, got 0"),
+    (["check", "--spans", "6:4"], "each span (offset, size) must lie within an allocation's 8 bytes"),
+    (["example", "--floats", "0"], "argument --floats: must be at least 1, got 0"),
+    (["example", "--objects", "0"], "argument --objects: must be at least 1, got 0"),
+    (["example", "--backend", "tinygrad", "--device", "NOPE"], "tinygrad cannot open device 'NOPE'"),
+    (["example", "--jit", "--backend", "tinygrad", "--device", "NOPE"], "tinygrad cannot open device 'NOPE'"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    run = devbridge(tmp_path, *args)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"devbridge {args[0]}: error: ") and says in last, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_injected_faults_that_never_let_up_end_the_demo(tmp_path: Path) -> None:
+    run = devbridge(tmp_path, "demo", "--backend", "fake", "--objects", "5", "--faults", "0.999")
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        f"devbridge demo: the backend failed {GIVE_UP_AFTER} times in a row with no object delivered (the last: "
+        "[ALLOC-2] allocating 256 B for b1: injected: alloc of 256 B (see spec/CONTRACT.md#alloc-2)): giving up"
+    ]
+
+
+class CannotAllocate(FakeBackend):
+    """A device that is out of memory for good (a real failure, not an injected one)."""
+
+    def alloc(self, nbytes: int, dtype: str) -> object:
+        raise BackendError("out of device memory")
+
+
+def test_a_backend_that_fails_for_good_ends_the_run_with_worker_stalled() -> None:
+    backend = CannotAllocate()
+    with pytest.raises(WorkerStalled, match=f"failed {GIVE_UP_AFTER} times in a row .*out of device memory"):
+        run_demo(objects=3, backend=backend)
+    assert backend.calls == []  # never reached the device: every alloc failed
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"objects": 0}, "objects must be an int >= 1, got 0"),
+        ({"objects": True}, "objects must be an int >= 1, got True"),
+        ({"faults": 1.0}, "faults is a probability in [0, 1), got 1.0"),
+        ({"faults": float("nan")}, "faults is a probability in [0, 1), got nan"),
+        ({"faults": "0.1"}, "faults is a probability in [0, 1), got '0.1'"),
+        ({"restart_every": -1}, "restart_every must be an int >= 0 (0: never), got -1"),
+    ],
+)
+def test_run_demo_checks_its_options_before_anything_starts(options: dict[str, object], message: str) -> None:
+    backend = FakeBackend()
+    with pytest.raises(InvalidArgumentError) as raised:
+        run_demo(**{"objects": 3, "backend": backend, **options})  # type: ignore[arg-type]
+    assert raised.value.rule == "ARG-1" and raised.value.detail == message
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize("options", [{"objects": 0}, {"floats": 0}, {"floats": 2.5}])
+def test_run_example_checks_its_options(options: dict[str, object]) -> None:
+    backend = FakeBackend()
+    with pytest.raises(InvalidArgumentError) as raised:
+        run_example(**{"backend": backend, **options})  # type: ignore[arg-type]
+    assert raised.value.rule == "ARG-1" and backend.calls == []
+
+
+def test_version(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    run = devbridge(tmp_path, "--version")
+    assert (run.returncode, run.stdout, run.stderr) == (0, f"devbridge {version('devbridge')}\n", "")
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    run = devbridge(tmp_path, "demo", "--backend", "fake", "--objects", "3")
+    assert run.returncode == 0 and run.stderr == ""
+    assert "lost: 0  duplicated: 0  wrong: 0" in run.stdout
+
+
+def test_help_texts_carry_no_timings(tmp_path: Path) -> None:
+    for command in ("demo", "check", "example"):
+        text = devbridge(tmp_path, command, "--help").stdout
+        assert " here" not in text and " s)" not in text, text
