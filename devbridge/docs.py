@@ -31,8 +31,19 @@ class DocsError(Exception):
 
 
 def source_root() -> Path:
-    """The checkout the packaged spec comes from (links resolved)."""
+    """The checkout the packaged spec comes from (links resolved); for an installed wheel, the
+    folder holding the package (see `checkout`)."""
     return SPEC_PATH.resolve().parent.parent
+
+
+def checkout() -> Path | None:
+    """The source checkout the packaged spec comes from, or None for an installed wheel (which
+    has neither the tests nor a CONTRACT.md to write into)."""
+    root = source_root()
+    return root if (root / "pyproject.toml").is_file() and (root / "tests").is_dir() else None
+
+
+NO_CHECKOUT = "devbridge is installed, not run from its checkout"
 
 
 def anchor(rule_id: str) -> str:
@@ -114,10 +125,18 @@ def graphviz(machine: Any, lc: Lifecycle) -> str:
 
 
 def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests_dir: Path | None = None) -> str:
+    """CONTRACT.md's text; `tests_dir`: the tests whose markers name the proofs (default: the
+    checkout's tests/)."""
+    if tests_dir is None:
+        if (root := checkout()) is None:
+            raise DocsError(f"{NO_CHECKOUT}: no tests folder to read the proofs from; pass --tests PATH")
+        tests_dir = root / "tests"
+    if not tests_dir.is_dir():
+        raise DocsError(f"no tests folder at {tests_dir}")
     lc = load(spec_path)
     machine = build_machine(lc)
     bullets = seed_bullets(seed_path or SEED_PATH)
-    tests = rule_tests(tests_dir or source_root() / "tests")
+    tests = rule_tests(tests_dir)
     _check_alignment(lc, bullets, tests)
 
     out: list[str] = [
@@ -272,9 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", type=Path, default=None, help="lifecycle spec (default: the packaged one)")
     parser.add_argument("--seed", type=Path, default=None, help="the contract (default: spec/SEED.md)")
     parser.add_argument("--tests", type=Path, default=None, help="tests folder (default: the checkout's tests/)")
-    parser.add_argument("--out", type=Path, default=None, help="output (default: spec/CONTRACT.md)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output (default: the checkout's spec/CONTRACT.md; --check: the packaged one)",
+    )
     args = parser.parse_args(argv)
-    out = args.out or source_root() / CONTRACT_PATH
+    root = checkout()
+    if args.out is None and root is None and not args.check:
+        print(f"devbridge docs: {NO_CHECKOUT}: pass --out PATH (the package is not written into)", file=sys.stderr)
+        return 2
+    out = args.out or (root or source_root()) / CONTRACT_PATH
     try:
         text = generate(args.spec, args.seed, args.tests)
     except DocsError as e:
