@@ -53,13 +53,13 @@ from devbridge.errors import (
     WaitTimeoutError,
     short,
 )
-from devbridge.events import ComputeEvent, CopyEvent, Event, _deadline
+from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline
+from devbridge.ring import HostRange
 from devbridge.statemachine.core import Allocation, Effects, InFlight, LifecycleCore
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
     DeviceRange,
-    HostRange,
     ObjectSpec,
     TensorViewSpec,
     as_count,
@@ -93,6 +93,7 @@ class Bridge:
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
+        self._link = Link(self._refresh, self._wait_backend, self._closed)  # what its events may ask of it
         self._pending: dict[int, Event] = {}  # use id -> event not done (held back or on the backend)
         self._by_token: dict[int, Event] = {}  # id(backend token) -> the submitted ones among them
         self._launchable: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
@@ -183,10 +184,10 @@ class Bridge:
                         # done already: one composite step, nothing in flight (H2D-2)
                         use_id = self._core.instant("copy_in", key)
                         src.ring.read_done(src, release)
-                        return self._done(CopyEvent(self, use_id, token, src, dst))
+                        return self._done(CopyEvent(self._link, use_id, token, src, dst))
                     use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span, before=before)
                     src.ring.begin_read(src)
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst), status)
+                    return self._submitted(CopyEvent(self._link, use.id, token, src, dst), status)
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -216,10 +217,10 @@ class Bridge:
                     if (status := self._first_status(token, sync)) is OK:  # done already: output valid (D2H-2)
                         use_id = self._core.instant("copy_out", key)
                         dst.ring.write_done(dst)
-                        return self._done(CopyEvent(self, use_id, token, src, dst))
+                        return self._done(CopyEvent(self._link, use_id, token, src, dst))
                     use = self._core.begin("copy_out", [key], host=dst, span=span, before=before)
                     dst.ring.begin_write(dst)
-                    return self._submitted(CopyEvent(self, use.id, token, src, dst), status)
+                    return self._submitted(CopyEvent(self._link, use.id, token, src, dst), status)
                 blocker = self._blocker(before)
             self._wait_for(blocker)
 
@@ -244,7 +245,7 @@ class Bridge:
                         raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
                     use = self._core.begin("compute", keys, before=before)
                     self._counts["computes"] += 1
-                    event = ComputeEvent(self, use.id, token, tuple(handles))
+                    event = ComputeEvent(self._link, use.id, token, tuple(handles))
                     self._track(event)
                     return event
                 blocker = self._blocker(before)
@@ -332,10 +333,10 @@ class Bridge:
     def wait_all(self, events: Iterable[Event], timeout: float | None = None) -> None:
         """Block until every one of `events` is done, or raise WaitTimeoutError (WAIT-1) once
         `timeout` seconds pass. Failures stay with their events (`event.error`)."""
-        deadline = _deadline(timeout)
+        ends = deadline(timeout)
         for event in self._own_events(events, "wait_all"):
             while not event.done():
-                remaining = None if deadline is None else deadline - time.monotonic()
+                remaining = None if ends is None else ends - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
                 self._wait_backend(event, remaining)
@@ -345,7 +346,7 @@ class Bridge:
         WaitTimeoutError (WAIT-1) once `timeout` seconds pass. It sleeps on a condition that
         every completion the backend reports wakes; tokens a backend cannot report (a device
         marker) are queried again at most every POLL_S seconds."""
-        deadline = _deadline(timeout)
+        ends = deadline(timeout)
         pending = self._own_events(events, "wait_any")
         if not pending:
             raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
@@ -355,7 +356,7 @@ class Bridge:
             for event in pending:
                 if event.done():
                     return event
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if ends is None else ends - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
             with self._progress:
@@ -476,7 +477,7 @@ class Bridge:
 
     @staticmethod
     def _done(event: CopyEvent) -> CopyEvent:
-        event._settle(None)
+        Link.settle(event, None)
         return event
 
     def _track(self, event: Event) -> None:
@@ -599,7 +600,7 @@ class Bridge:
         found: list[Event] = []
         try:
             for event in events:
-                if not isinstance(event, Event) or event._bridge is not self:
+                if not self._link.owns(event):
                     raise InvalidArgumentError("ARG-1", f"{call}: {short(event)} is not an event of this bridge")
                 found.append(event)
         except InvalidArgumentError:
@@ -643,7 +644,7 @@ class Bridge:
             error = e
             raise
         finally:
-            event._settle(error)
+            Link.settle(event, error)
             self._notify_progress()
         if self._launchable:
             self._launch_ready()

@@ -1,25 +1,51 @@
-"""Copy and compute events as the worker sees them."""
+"""Copy and compute events as the worker sees them, and the one channel between them and the
+Bridge that issued them (`Link`): events never reach into the Bridge, nor the Bridge into them."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from devbridge.errors import BridgeError, WaitTimeoutError
-from devbridge.types import DeviceHandle, DeviceRange, HostRange, as_seconds
+from devbridge.ring import HostRange
+from devbridge.types import DeviceHandle, DeviceRange, as_seconds
 
-if TYPE_CHECKING:
-    from devbridge.bridge import Bridge
+
+class Link:
+    """A Bridge's side of its events. The Bridge gives it what an event may ask of it (apply
+    what the backend finished, block on the backend, close a compute's block) and settles
+    events through it; an event holds its bridge's Link, which also says whose event it is."""
+
+    __slots__ = ("block", "close", "refresh")
+
+    def __init__(
+        self,
+        refresh: Callable[[Event], None],
+        block: Callable[[Event, float | None], None],
+        close: Callable[[ComputeEvent], None],
+    ) -> None:
+        self.refresh = refresh  # apply what the backend finished for this event (and what it follows)
+        self.block = block  # block on the backend until it may have finished, or the timeout passes
+        self.close = close  # a compute's block is over: its work is all enqueued
+
+    def owns(self, event: object) -> bool:
+        return isinstance(event, Event) and event._link is self
+
+    @staticmethod
+    def settle(event: Event, error: BridgeError | None) -> None:
+        """The event is done: its effects were applied; `error` is its failure, if any."""
+        event._error = error
+        event._done = True
 
 
 class Event:
     """A use in flight on the backend. Done once the backend finished it and the Bridge
     applied its effects (released host bytes, made output valid, ran deferred frees)."""
 
-    def __init__(self, bridge: Bridge, use_id: int, backend_token: object) -> None:
-        self._bridge = bridge
+    def __init__(self, link: Link, use_id: int, backend_token: object) -> None:
+        self._link = link
         self.use_id = use_id
         self.backend_token = backend_token
         self._done = False
@@ -27,7 +53,7 @@ class Event:
 
     def done(self) -> bool:
         if not self._done:
-            self._bridge._refresh(self)
+            self._link.refresh(self)
         return self._done
 
     @property
@@ -40,21 +66,17 @@ class Event:
     def wait(self, timeout: float | None = None) -> None:
         """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
         `timeout` seconds pass first (WAIT-1): the wait blocks on the backend, never spins."""
-        deadline = _deadline(timeout)
+        ends = deadline(timeout)
         while not self.done():
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if ends is None else ends - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise WaitTimeoutError("WAIT-1", f"{self!r} not done after {timeout} s")
-            self._bridge._wait_backend(self, remaining)
+            self._link.block(self, remaining)
         if self._error is not None:
             raise self._error
 
-    def _settle(self, error: BridgeError | None) -> None:
-        self._error = error
-        self._done = True
 
-
-def _deadline(timeout: object) -> float | None:
+def deadline(timeout: object) -> float | None:
     """When a wait of `timeout` seconds ends (None: never). ARG-1 for anything but None or a
     non-negative number."""
     if timeout is None:
@@ -68,13 +90,13 @@ class CopyEvent(Event):
 
     def __init__(
         self,
-        bridge: Bridge,
+        link: Link,
         use_id: int,
         backend_token: object,
         src: HostRange | DeviceRange,
         dst: HostRange | DeviceRange,
     ) -> None:
-        super().__init__(bridge, use_id, backend_token)
+        super().__init__(link, use_id, backend_token)
         self.src = src
         self.dst = dst
 
@@ -89,8 +111,8 @@ class ComputeEvent(Event):
     enqueues is covered) and cannot complete before the block exits.
     """
 
-    def __init__(self, bridge: Bridge, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
-        super().__init__(bridge, use_id, backend_token)
+    def __init__(self, link: Link, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
+        super().__init__(link, use_id, backend_token)
         self.handles = handles
         self.open = False
 
@@ -105,14 +127,14 @@ class ComputeEvent(Event):
         tb: TracebackType | None,
     ) -> None:
         self.open = False
-        self._bridge._closed(self)
+        self._link.close(self)
 
     def wait(self, timeout: float | None = None) -> None:
         """Waiting declares the compute work submitted: an open event is closed first."""
-        _deadline(timeout)  # a refused timeout leaves the event open
+        deadline(timeout)  # a refused timeout leaves the event open
         if self.open:
             self.open = False
-            self._bridge._closed(self)
+            self._link.close(self)
         super().wait(timeout)
 
     def __repr__(self) -> str:

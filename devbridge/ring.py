@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_right
+from dataclasses import dataclass, field
 
 from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
-from devbridge.types import HostRange, as_count
+from devbridge.types import as_count, range_fields
 
 #: Largest ring the bridge allocates (1 TiB): more is a caller's bug, not a request.
 MAX_CAPACITY = 1 << 40
@@ -261,3 +262,42 @@ class HostRing:
 
 def _fmt(r: HostRange) -> str:
     return f"[{r.start}, {r.end})"
+
+
+@dataclass(frozen=True, slots=True)
+class HostRange:
+    """`nbytes` bytes of a HostRing at stream offset `start` (stream offsets never wrap)."""
+
+    ring: HostRing = field(repr=False)
+    start: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ring, HostRing):
+            raise RangeError("RANGE-1", f"a host range needs a HostRing, got {short(self.ring)}")
+        start, nbytes = range_fields("host range", self.start, self.nbytes)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "nbytes", nbytes)
+
+    @classmethod
+    def _made(cls, ring: HostRing, start: int, nbytes: int) -> HostRange:
+        """A range the ring made itself, known valid: built without the checks (the hot path)."""
+        r = object.__new__(cls)
+        _set(r, "ring", ring)
+        _set(r, "start", start)
+        _set(r, "nbytes", nbytes)
+        return r
+
+    @property
+    def end(self) -> int:
+        return self.start + self.nbytes
+
+    def sub(self, offset: int, nbytes: int) -> HostRange:
+        """The part of this range at `offset` (relative), `nbytes` long."""
+        o, n = range_fields("host sub-range", offset, nbytes)
+        if o + n > self.nbytes:
+            raise RangeError("RANGE-1", f"sub-range [{o}, {o + n}) exceeds {self.nbytes} bytes")
+        return HostRange._made(self.ring, self.start + o, n)
+
+
+_set = object.__setattr__  # fills a frozen range without running its checks again

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,9 +16,6 @@ from devbridge.errors import (
     RangeError,
     short,
 )
-
-if TYPE_CHECKING:
-    from devbridge.ring import HostRing
 
 #: tinygrad dtype names the bridge accepts, with their item sizes in bytes.
 DTYPE_SIZES: dict[str, int] = {
@@ -149,7 +145,7 @@ class DeviceHandle:
     seal: int = field(default=0, repr=False, compare=False)
 
 
-def _range_fields(what: str, offset: object, nbytes: object) -> tuple[int, int]:
+def range_fields(what: str, offset: object, nbytes: object) -> tuple[int, int]:
     """Offset and size as ints: offset >= 0, size > 0 (RANGE-1)."""
     o, n = as_count(offset), as_count(nbytes)
     if o is None or n is None:
@@ -171,7 +167,7 @@ class DeviceRange:
     def __post_init__(self) -> None:
         if not isinstance(self.handle, DeviceHandle):
             raise InvalidHandleError("HANDLE-1", f"a device range needs a DeviceHandle, got {short(self.handle)}")
-        offset, nbytes = _range_fields("device range", self.offset, self.nbytes)
+        offset, nbytes = range_fields("device range", self.offset, self.nbytes)
         object.__setattr__(self, "offset", offset)
         object.__setattr__(self, "nbytes", nbytes)
         extent = as_count(self.handle.extent)
@@ -183,44 +179,3 @@ class DeviceRange:
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
-
-
-@dataclass(frozen=True, slots=True)
-class HostRange:
-    """`nbytes` bytes of a HostRing at stream offset `start` (stream offsets never wrap)."""
-
-    ring: HostRing = field(repr=False)
-    start: int
-    nbytes: int
-
-    def __post_init__(self) -> None:
-        from devbridge.ring import HostRing  # ring.py imports this module
-
-        if not isinstance(self.ring, HostRing):
-            raise RangeError("RANGE-1", f"a host range needs a HostRing, got {short(self.ring)}")
-        start, nbytes = _range_fields("host range", self.start, self.nbytes)
-        object.__setattr__(self, "start", start)
-        object.__setattr__(self, "nbytes", nbytes)
-
-    @classmethod
-    def _made(cls, ring: HostRing, start: int, nbytes: int) -> HostRange:
-        """A range the ring made itself, known valid: built without the checks (the hot path)."""
-        r = object.__new__(cls)
-        _set(r, "ring", ring)
-        _set(r, "start", start)
-        _set(r, "nbytes", nbytes)
-        return r
-
-    @property
-    def end(self) -> int:
-        return self.start + self.nbytes
-
-    def sub(self, offset: int, nbytes: int) -> HostRange:
-        """The part of this range at `offset` (relative), `nbytes` long."""
-        o, n = _range_fields("host sub-range", offset, nbytes)
-        if o + n > self.nbytes:
-            raise RangeError("RANGE-1", f"sub-range [{o}, {o + n}) exceeds {self.nbytes} bytes")
-        return HostRange._made(self.ring, self.start + o, n)
-
-
-_set = object.__setattr__  # fills a frozen range without running its checks again

@@ -57,8 +57,8 @@ from devbridge.errors import (
     short,
 )
 from devbridge.events import Event
-from devbridge.ring import HostRing
-from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+from devbridge.ring import HostRange, HostRing
+from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
 
 IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
 #: Failures in a row, with no object delivered in between, after which the backend is taken to

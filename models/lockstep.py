@@ -30,10 +30,10 @@ from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
 from devbridge.events import ComputeEvent, Event
 from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Reject
-from devbridge.ring import HostRing
+from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 from devbridge.statemachine.machine import Step
-from devbridge.types import DeviceHandle, DeviceRange, HostRange, ObjectSpec, TensorViewSpec
+from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
 
 U8 = ObjectSpec("blob", "uint8")
 

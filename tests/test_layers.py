@@ -1,0 +1,87 @@
+"""The import graph: layers that point one way, no cycle (pyproject's import-linter contracts).
+
+The contracts run on the package as it is installed: a tree laid out from the checkout by
+pyproject's package-dir (devbridge/, spec/ as devbridge/spec, ...). Each seeded break must
+break exactly the contract it is meant to, and the tree as it is must keep both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = ROOT / "pyproject.toml"
+LAYERS, ACYCLIC = "layers point one way", "no import cycle"
+
+
+def package_tree(into: Path) -> Path:
+    """The installed package's tree, laid out from the checkout by pyproject's package-dir."""
+    mapping = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(mapping.items()):
+        shutil.copytree(
+            ROOT / folder, into / package.replace(".", "/"), ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    return into
+
+
+def lint_imports(tree: Path) -> tuple[int, str]:
+    lint = Path(sys.executable).with_name("lint-imports")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    run = subprocess.run(
+        [str(lint), str(PYPROJECT), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
+def verdicts(output: str) -> dict[str, str]:
+    return {name: word for line in output.splitlines() for name in (LAYERS, ACYCLIC) for word in ("KEPT", "BROKEN")
+            if line.startswith(f"{name} {word}")}  # fmt: skip
+
+
+def test_the_tree_keeps_both_contracts(tmp_path: Path) -> None:
+    code, output = lint_imports(package_tree(tmp_path))
+    assert (code, verdicts(output)) == (0, {LAYERS: "KEPT", ACYCLIC: "KEPT"}), output
+
+
+SEEDED = {
+    # the bottom importing the top, if only for type hints (and the bridge imports errors: a cycle)
+    "errors imports the bridge for a type hint": (
+        "devbridge/errors.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from devbridge.bridge import Bridge\n",
+        {LAYERS: "BROKEN", ACYCLIC: "BROKEN"},
+    ),
+    # the core reaching up into the runtime
+    "the core imports the events": (
+        "devbridge/statemachine/core.py",
+        "from devbridge.events import Link\n",
+        {LAYERS: "BROKEN", ACYCLIC: "KEPT"},
+    ),
+    # ring <-> events: upward, and a cycle between siblings
+    "the ring imports the events": (
+        "devbridge/ring.py",
+        "import devbridge.events\n",
+        {LAYERS: "BROKEN", ACYCLIC: "BROKEN"},
+    ),
+    # inside one layer (models/): only the cycle contract sees it
+    "the reference model imports the checker": (
+        "devbridge/models/reference.py",
+        "import devbridge.models.checker\n",
+        {LAYERS: "KEPT", ACYCLIC: "BROKEN"},
+    ),
+}
+
+
+@pytest.mark.parametrize("seeded", SEEDED, ids=list(SEEDED))
+def test_a_seeded_break_breaks_its_contract(tmp_path: Path, seeded: str) -> None:
+    path, line, expected = SEEDED[seeded]
+    tree = package_tree(tmp_path)
+    module = tree / path
+    module.write_text(module.read_text() + "\n" + line)
+    code, output = lint_imports(tree)
+    assert (code, verdicts(output)) == (1, expected), output
