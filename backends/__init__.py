@@ -1,4 +1,5 @@
-"""Backends: the protocol, the recording fake, and tinygrad."""
+"""Backends: the protocol (`base`), the recording fake (`fake.FakeBackend`), fault injection
+around any backend (`faulty.FaultyBackend`), and tinygrad (`tinygrad.TinygradBackend`)."""
 
 from devbridge.backends.base import OK, PENDING, Backend, BackendError, Status
 

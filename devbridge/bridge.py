@@ -38,18 +38,14 @@ from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
     BackendFailureError,
     BridgeError,
-    ComputeError,
     DeviceAllocationError,
-    DeviceCopyError,
     DeviceFreeError,
     InvalidArgumentError,
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
     OrderingError,
-    OutputCopyError,
     RangeError,
-    StaleHandleError,
     WaitTimeoutError,
     short,
 )
@@ -82,6 +78,13 @@ def _flag(name: str, value: object) -> None:
 
 
 class Bridge:
+    """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
+    between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
+    Backend. Every call resolves its handles to the bridge's own records and asks the
+    lifecycle core first; a refused call raises the rule's error, changes nothing and makes
+    no backend call. A free, or a restart's release, waits for the uses of the memory.
+    Thread-safe: calls are serialised; completions may arrive on any thread."""
+
     def __init__(self, backend: Backend, *, pending_warning_s: float = 60.0) -> None:
         """`pending_warning_s`: a free or restart still waiting for uses to end after this long is
         logged once (logger `devbridge`, WARNING) with what pins it (PIN-1)."""
@@ -177,7 +180,7 @@ class Bridge:
                             token = self._backend.copy_in(record.memory, dst.offset, src.ring.raw(src), sync=sync)
                         except BackendError as e:
                             self._counts["copy_failures"] += 1
-                            raise DeviceCopyError("COPY-F", f"host_to_device {src} -> {dst}: {e}") from e
+                            raise self._core.failure("copy_in", f"host_to_device {src} -> {dst}: {e}") from e
                     self._counts["copies_in"] += 1
                     self._counts["bytes_in"] += src.nbytes
                     if (status := self._first_status(token, sync)) is OK:
@@ -211,7 +214,7 @@ class Bridge:
                             self._counts["copy_failures"] += 1
                             dst.ring.begin_write(dst)
                             dst.ring.end_write(dst, valid=False)
-                            raise OutputCopyError("COPY-F", f"device_to_host {src} -> {dst}: {e}") from e
+                            raise self._core.failure("copy_out", f"device_to_host {src} -> {dst}: {e}") from e
                     self._counts["copies_out"] += 1
                     self._counts["bytes_out"] += dst.nbytes
                     if (status := self._first_status(token, sync)) is OK:  # done already: output valid (D2H-2)
@@ -242,7 +245,7 @@ class Bridge:
                         token = self._backend.compute(memories)
                     except BackendError as e:
                         self._counts["compute_failures"] += 1
-                        raise ComputeError("COMPUTE-F", f"compute on {[k[0] for k in keys]}: {e}") from e
+                        raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
                     use = self._core.begin("compute", keys, before=before)
                     self._counts["computes"] += 1
                     event = ComputeEvent(self._link, use.id, token, tuple(handles))
@@ -660,15 +663,15 @@ class Bridge:
                 self._release_failures.append(failure)
 
     def _error(self, effects: Effects, status: Status) -> BridgeError | None:
-        rule, kind = effects.error_rule, effects.use.kind
-        if rule is None:
+        """The event's failure, as the spec's `failures` name it (rule and error type)."""
+        kind = effects.use.kind
+        if effects.error_rule is None:
             return None
-        if rule == "GEN-1":
+        if effects.aborted:
             self._counts["aborted"] += 1
-            return StaleHandleError("GEN-1", f"{kind} #{effects.use.id} was aborted by restart")
+            return self._core.failure("aborted", f"{kind} #{effects.use.id} was aborted by restart")
         self._counts["compute_failures" if kind == "compute" else "copy_failures"] += 1
-        error_type = {"copy_in": DeviceCopyError, "copy_out": OutputCopyError}.get(kind, ComputeError)
-        return error_type(rule, f"{kind} #{effects.use.id} failed: {status.error}")
+        return self._core.failure(kind, f"{kind} #{effects.use.id} failed: {status.error}")
 
     def _drain(self) -> int:
         """Apply what arrived while no call ran: views collected, tokens the backend finished.

@@ -1,7 +1,8 @@
-"""`devbridge docs`: write spec/CONTRACT.md from the spec and the Machine built from it.
+"""`devbridge docs`: write spec/CONTRACT.md from the spec and the table compiled from it.
 
-Nothing in the document is written by hand: the state diagram is drawn from
-the `transitions.Machine`'s own transition lists, the tables from the spec,
+Nothing in the document is written by hand: the state diagram and the
+transition table are drawn from the compiled table the runtime reads
+(`statemachine.Table`, proven equal to the `transitions.Machine`), the rest from the spec,
 the contract clauses from spec/SEED.md (each must map to a rule), and the
 proving tests from the tests' `holds`/`rejects` markers. `--check` compares
 the committed file with what would be written.
@@ -17,11 +18,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from devbridge.errors import CONTRACT_PATH
-from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rejection, Rule, load
-from devbridge.statemachine.machine import build_machine
+from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rule, load
+from devbridge.statemachine.machine import Table, compile_table
 
 MARKERS = ("holds", "rejects")
 
@@ -91,37 +91,31 @@ def rule_tests(tests_dir: Path) -> dict[str, dict[str, list[str]]]:
 # ------------------------------------------------------------ the graph
 
 
-def edges(machine: Any, lc: Lifecycle) -> list[tuple[str, str, str]]:
-    """(source, dest, label) for every transition of the Machine, merged per (source, dest)."""
+def edges(table: Table) -> list[tuple[str, str, str]]:
+    """(source, dest, label) for every transition of the table, merged per (source, dest)."""
     labels: dict[tuple[str, str], list[str]] = {}
-    for state in lc.states:
-        for event in lc.events:
-            for t in machine.events[event].transitions.get(state, []) if event in machine.events else []:
-                if t.dest is None:  # a guarded rejection lives in the Machine as an internal transition
-                    continue
-                guards = " and ".join(c.func if c.target else "not " + c.func for c in t.conditions)
-                label = (
-                    event + (f" [{guards}]" if guards else "") + (" / release" if "release_memory" in t.after else "")
-                )
-                labels.setdefault((state, t.dest), []).append(label)
+    for (state, event), steps in table.steps.items():
+        for step in steps:
+            if step.dest is None:  # a rejection: no edge
+                continue
+            guards = " and ".join(g if want else "not " + g for g, want in step.guards)
+            label = event + (f" [{guards}]" if guards else "") + (" / release" if step.release else "")
+            labels.setdefault((state, step.dest), []).append(label)
     return [(s, d, "<br/>".join(ls)) for (s, d), ls in labels.items()]
 
 
-def mermaid(machine: Any, lc: Lifecycle) -> str:
+def mermaid(table: Table, lc: Lifecycle) -> str:
     lines = ["stateDiagram-v2", f"    [*] --> {lc.initial}"]
-    lines += [f"    {s} --> {d} : {label}" for s, d, label in edges(machine, lc)]
-    lines += [f"    {s} --> [*]" for s, st in lc.states.items() if st.terminal]
+    lines += [f"    {s} --> {d} : {label}" for s, d, label in edges(table)]
+    lines += [f"    {s} --> [*]" for s in lc.states if s in table.terminal]
     return "\n".join(lines)
 
 
-def graphviz(machine: Any, lc: Lifecycle) -> str:
+def graphviz(table: Table, lc: Lifecycle) -> str:
     lines = ["digraph lifecycle {", "  rankdir=LR; node [shape=box, style=rounded];"]
-    lines += [f"  {s} [peripheries=2];" for s, st in lc.states.items() if st.terminal]
-    lines += [f'  {s} -> {d} [label="{label.replace("<br/>", chr(92) + "n")}"];' for s, d, label in edges(machine, lc)]
+    lines += [f"  {s} [peripheries=2];" for s in lc.states if s in table.terminal]
+    lines += [f'  {s} -> {d} [label="{label.replace("<br/>", chr(92) + "n")}"];' for s, d, label in edges(table)]
     return "\n".join([*lines, "}"]) + "\n"
-
-
-# ------------------------------------------------------------ the document
 
 
 def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests_dir: Path | None = None) -> str:
@@ -134,7 +128,7 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
     if not tests_dir.is_dir():
         raise DocsError(f"no tests folder at {tests_dir}")
     lc = load(spec_path)
-    machine = build_machine(lc)
+    table = compile_table(lc)
     bullets = seed_bullets(seed_path or SEED_PATH)
     tests = rule_tests(tests_dir)
     _check_alignment(lc, bullets, tests)
@@ -151,7 +145,7 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         "## Lifecycle",
         "",
         "```mermaid",
-        mermaid(machine, lc),
+        mermaid(table, lc),
         "```",
         "",
         "| state | meaning | counters |",
@@ -177,15 +171,25 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         "| state | event | guard | outcome |",
         "|---|---|---|---|",
     ]
-    for state, event in lc.pairs():
-        for o in lc.outcomes(state, event):
-            guard = ", ".join(g if want else f"not {g}" for g, want in o.guards) or "—"
-            if isinstance(o, Rejection):
-                error = lc.rules[o.rule].error
-                outcome = f"rejected: [{o.rule}](#{anchor(o.rule)}) `{error}`"
+    for (state, event), steps in table.steps.items():
+        for step in steps:
+            guard = ", ".join(g if want else f"not {g}" for g, want in step.guards) or "—"
+            if step.rule is not None:
+                outcome = f"rejected: [{step.rule}](#{anchor(step.rule)}) `{lc.rules[step.rule].error}`"
             else:
-                outcome = f"→ `{o.dest}`" + (" + backend free" if o.action == "release_memory" else "")
+                outcome = f"→ `{step.dest}`" + (" + backend free" if step.release else "")
             out.append(f"| `{state}` | `{event}` | {guard} | {outcome} |")
+
+    out += [
+        "",
+        "When a use does not succeed, it reports (a call that fails at once raises it; otherwise its event's `error`):",
+        "",
+        "| the use | rule | error |",
+        "|---|---|---|",
+    ]
+    for f in lc.failures.values():
+        what = "aborted by a restart" if f.when == "aborted" else f"`{f.when}` failed by the backend"
+        out.append(f"| {what} | [{f.rule}](#{anchor(f.rule)}) | `{f.error}` |")
 
     sections: dict[str, list[str]] = {}
     for rule in lc.rules.values():
@@ -194,7 +198,7 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
     for section, ids in sections.items():
         out += [f"### {section}", ""]
         if section.startswith("Generations"):
-            out += _restart_summary(lc)
+            out += _restart_summary(table)
         if section == "Ordering":
             out += _ordering_summary(lc)
         for rid in ids:
@@ -217,12 +221,12 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
     return "\n".join(out).rstrip() + "\n"
 
 
-def _restart_summary(lc: Lifecycle) -> list[str]:
+def _restart_summary(table: Table) -> list[str]:
     rows = ["What `restart()` does to an allocation in each state:", "", "| state | becomes |", "|---|---|"]
-    for state in lc.states:
-        for o in lc.outcomes(state, "restart"):
-            if not isinstance(o, Rejection):
-                rows.append(f"| `{state}` | `{o.dest}`" + (" + backend free |" if o.action else " |"))
+    for (state, event), steps in table.steps.items():
+        for step in steps:
+            if event == "restart" and step.dest is not None:
+                rows.append(f"| `{state}` | `{step.dest}`" + (" + backend free |" if step.release else " |"))
     return [*rows, ""]
 
 
@@ -326,6 +330,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             svg = out.with_suffix(".svg")
             lc = load(args.spec)
-            subprocess.run([dot, "-Tsvg", "-o", str(svg)], input=graphviz(build_machine(lc), lc), text=True, check=True)
+            subprocess.run([dot, "-Tsvg", "-o", str(svg)], input=graphviz(compile_table(lc), lc), text=True, check=True)
             print(f"wrote {svg}")
     return 0

@@ -45,6 +45,12 @@ def _overlaps(spans: list[Span], r: HostRange) -> bool:
 
 
 class HostRing:
+    """Host memory as a ring of stream bytes: `reserve` hands out ranges at a monotone stream
+    offset, `view` exposes a range's bytes, and bytes are released (by the bridge after an
+    input copy, or by `release`) in any order; `cursor` is the offset below which all are.
+    Bytes an output copy has not yet written cannot be read (D2H-3); bytes an input copy
+    still reads cannot be written or released (H2D-3). Thread-safe."""
+
     def __init__(self, capacity: int) -> None:
         size = as_count(capacity)
         if size is None or not 0 < size <= MAX_CAPACITY:

@@ -1,2 +1,9 @@
-"""Models of the lifecycle: the reference model the stateful tests run in lockstep with
-the Bridge (`reference`), and (to come) the exhaustive bounded model checker."""
+"""Verification, not neural networks: the code that proves the bridge keeps its contract.
+
+- `reference`: the reference model, a small, obviously right statement of the contract;
+- `lockstep`: the harness that drives the real Bridge (over the fake backend) and the
+  reference model side by side and compares everything observable after each step;
+- `checker`: the exhaustive bounded model checker over that harness (`devbridge check`);
+- `coverage`: which spec transitions, rejections and ordering edges a run exercised.
+
+Nothing here is needed to use the bridge; the stateful tests and the checker import it."""

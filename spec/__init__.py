@@ -34,10 +34,22 @@ COUNTERS = ("copies", "computes")
 #: How much of an allocation a use reads or writes (ORDER-1): its device range, or all of it.
 EXTENTS = frozenset({"range", "whole"})
 MODES = ("reads", "writes")
+#: What can make an event report a failure: the backend failing a use of these kinds (a view
+#: never fails: it ends when its tensors go), or a restart aborting it.
+FAILING = ("copy_in", "copy_out", "compute", "aborted")
 #: How a rule without an error keeps a breach (besides naming the rule whose error refuses it).
 KEEPERS = ("deferring", "logging")
-#: Small counter values suffice for the invariant check: guards only tell 0, 1 and >1 apart.
-_COUNT_RANGE = range(0, 4)
+#: Guards only tell a counter's 0, 1 and more apart: `level(n)` is all of n they read, and a
+#: table keyed by levels (0, 1, 2) decides for any count.
+LEVELS = 3
+
+
+def level(count: int) -> int:
+    return count if count < 2 else 2
+
+
+#: Counts the invariant check tries: every level, and a "more" that is not 2.
+_COUNT_RANGE = range(LEVELS + 1)
 
 
 class SpecError(ValueError):
@@ -92,6 +104,16 @@ class Rejection:
 
 
 Outcome = Transition | Rejection
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What an event reports when its use does not succeed: `when` is the kind of use the
+    backend failed, or "aborted" (a restart ended its generation first)."""
+
+    when: str
+    rule: str
+    error: str  # the rule's error or a subclass of it (tests/test_spec.py checks)
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,7 @@ class Lifecycle:
     hazards: tuple[Hazard, ...]
     device_ordered: frozenset[tuple[str, str]]
     ordering_doc: str
+    failures: Mapping[str, Failure]  # when -> what the event reports
 
     def hazard(self, earlier: str, later: str) -> str | None:
         """The hazard that makes a use of kind `later` follow an overlapping one of kind
@@ -245,9 +268,10 @@ def parse(data: Mapping[str, Any]) -> Lifecycle:
         hazards = tuple(Hazard(h["name"], h["earlier"], h["later"], h["doc"]) for h in data["hazards"])
         ordering = data["ordering"]
         device_ordered = frozenset((a, b) for a, b in ordering["device_ordered"])
+        failures = {f["when"]: Failure(f["when"], f["rule"], f["error"]) for f in data["failures"]}
         lifecycle = Lifecycle(
             data["initial"], states, events, guards, transitions, rejections, rules, invariants,
-            accesses, hazards, device_ordered, ordering["doc"],
+            accesses, hazards, device_ordered, ordering["doc"], failures,
         )  # fmt: skip
     except KeyError as missing:
         raise SpecError(f"spec entry lacks the key {missing}") from None
@@ -296,6 +320,8 @@ def _check_names(lc: Lifecycle) -> None:
             raise SpecError(f"rejection {r} names an unknown state, event or rule")
         if any(g not in lc.guards for g, _ in r.guards):
             raise SpecError(f"rejection {r} names an unknown guard")
+    if set(lc.failures) != set(FAILING) or any(f.rule not in lc.rules for f in lc.failures.values()):
+        raise SpecError(f"failures must name a known rule for each of {sorted(FAILING)}, got {dict(lc.failures)}")
 
 
 def _check_pair(lc: Lifecycle, state: str, event: str) -> None:

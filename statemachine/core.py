@@ -22,9 +22,9 @@ from functools import cache
 from typing import Any
 
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
-from devbridge.spec import Lifecycle
+from devbridge.spec import Lifecycle, level
 from devbridge.spec import load as load_spec
-from devbridge.statemachine.machine import Step, Table, build_machine, compile_table, default_table
+from devbridge.statemachine.machine import Step, Table, compile_table, default_table
 
 #: Kinds of use in flight, and the spec event that begins and ends each.
 USE_EVENTS: Mapping[str, tuple[str, str]] = {
@@ -83,8 +83,9 @@ class Effects:
     copy the bridge releases the bytes (unless the worker keeps them), for an
     output copy they are valid.
     `error_rule` is set when the use failed (COPY-F, COMPUTE-F) or was
-    aborted by a restart (GEN-1). `ready` are held uses that followed only
-    this one, in issue order: the Bridge submits them now (ORDER-1).
+    `aborted` by a restart (GEN-1): the spec's `failures`.
+    `ready` are held uses that followed only this one, in issue order: the
+    Bridge submits them now (ORDER-1).
     """
 
     release: tuple[Allocation, ...]
@@ -92,6 +93,7 @@ class Effects:
     host_ok: bool
     error_rule: str | None
     ready: tuple[InFlight, ...] = ()
+    aborted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,8 @@ class Lookups:
     #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
     hazards: Mapping[tuple[str, str], str | None]
     accesses: frozenset[str]  # the kinds of use that some hazard orders
+    #: a failed use's kind, or "aborted" -> the rule its event reports and the error it raises
+    failures: Mapping[str, tuple[str, type[BridgeError]]]
 
     @classmethod
     def of(cls, spec: Lifecycle, table: Table) -> Lookups:
@@ -126,6 +130,7 @@ class Lookups:
             {e.name: (e.counter, e.delta) for e in spec.events.values()},
             hazards,
             frozenset(k for k in USE_EVENTS if any(hazards[(k, b)] for b in USE_EVENTS)),
+            {f.when: (f.rule, ERRORS[f.error]) for f in spec.failures.values()},
         )
 
 
@@ -143,13 +148,14 @@ class LifecycleCore:
             self._spec, lookups = load_spec(), packaged_lookups()
         else:
             self._spec = lifecycle
-            lookups = Lookups.of(lifecycle, compile_table(build_machine(lifecycle), lifecycle))
+            lookups = Lookups.of(lifecycle, compile_table(lifecycle))
         self._table = lookups.table
         self._errors = lookups.errors
         self._deltas = lookups.deltas
         self._hazards = lookups.hazards
         self._accesses = lookups.accesses
-        #: (state, kind, min(copies, 2), min(computes, 2)) -> a use's begin and end: the two compiled
+        self._failures = lookups.failures
+        #: (state, kind, level(copies), level(computes)) -> a use's begin and end: the two compiled
         #: steps (what an observer sees) and the state they lead to (per core: `_compose` fills it)
         self._instant: dict[tuple[str, str, int, int], Composite] = {}
         self.generation = 0
@@ -243,6 +249,12 @@ class LifecycleCore:
                     f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}",
                 )
 
+    def failure(self, when: str, detail: str) -> BridgeError:
+        """The error a use that did not succeed reports (`when`: its kind, or "aborted"), with
+        the rule the spec's `failures` name."""
+        rule, error = self._failures[when]
+        return error(rule, detail)
+
     def add(self, extent: int, spec: Any, memory: object) -> Allocation:
         record = Allocation(self._next_allocation, self.generation, extent, spec, memory, self._spec.initial)
         self._allocations[record.id] = record
@@ -296,7 +308,7 @@ class LifecycleCore:
         if record is None:  # dead: the caller's check let it through by mistake; fire() says why
             self.fire(key[0], key[1], USE_EVENTS[kind][0])
         assert record is not None
-        c, k = min(record.copies, 2), min(record.computes, 2)
+        c, k = level(record.copies), level(record.computes)
         step = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
         if self.observer is not None:  # coverage tools see both spec steps
             self.observer(record.state, step.begin, step.first)
@@ -344,8 +356,9 @@ class LifecycleCore:
                 ready.append(follower)
         release = tuple(r for a in use.allocations if (r := self.fire(a, use.generation, event)) is not None)
         aborted = use.generation != self.generation
-        error = "GEN-1" if aborted else None if ok else ("COMPUTE-F" if use.kind == "compute" else "COPY-F")
-        return Effects(release, use, ok and not aborted and not use.keep_host, error, tuple(ready) if ready else ())
+        rule = self._failures["aborted" if aborted else use.kind][0] if aborted or not ok else None
+        host_ok = ok and not aborted and not use.keep_host
+        return Effects(release, use, host_ok, rule, tuple(ready) if ready else (), aborted)
 
     def free(self, alloc_id: int, generation: int) -> Allocation | None:
         """free_device: the record to release now, or None when the free is deferred. (One step:

@@ -1,11 +1,11 @@
-"""The spec as a `transitions.Machine`, and the flat table compiled from it.
+"""The spec compiled to one table, and the spec as a `transitions.Machine`.
 
-The Machine is the reference engine: it validates the graph, draws diagrams
-and serves as the oracle in tests. It costs microseconds per trigger and
-kilobytes per model, so the runtime never uses it; each allocation keeps its
-state as a plain string and the core looks up the `Table` compiled from the
-Machine's own transition lists. `tests/test_machine.py` proves the two agree
-on every (state, event, guard valuation).
+The `Table` is what everything reads: the core's every decision, the docs'
+diagram and transition table, the coverage reports and the model checker.
+The Machine is the reference engine the table is proven against
+(`tests/test_machine.py`: they agree on every state, event and guard
+valuation); it costs microseconds per trigger and kilobytes per model, so the
+runtime never uses it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from transitions import Machine
 
-from devbridge.spec import Lifecycle, Rejection, guard_values
+from devbridge.spec import LEVELS, Lifecycle, Outcome, Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 
 
@@ -104,19 +104,15 @@ class Step:
 
 @dataclass(frozen=True)
 class Table:
-    """(state, event) -> candidates in order: the runtime's whole lifecycle logic.
-
-    `flat` is the same table with the guards already evaluated: guards only tell
-    0, 1 and more apart, so (state, event, min(copies, 2), min(computes, 2)) keys
-    every decision and the hot path is one dict lookup.
-    """
+    """(state, event) -> candidates in the order they are tried (`steps`), and every decision
+    keyed by the counters' levels (`flat`): the hot path is one dict lookup."""
 
     steps: Mapping[tuple[str, str], tuple[Step, ...]]
     terminal: frozenset[str]
     flat: Mapping[tuple[str, str, int, int], Step]
 
     def lookup(self, state: str, event: str, copies: int, computes: int) -> Step:
-        return self.flat[(state, event, copies if copies < 2 else 2, computes if computes < 2 else 2)]
+        return self.flat[(state, event, level(copies), level(computes))]
 
     def candidates(self) -> list[tuple[str, str, int, Step]]:
         """Every compiled candidate: (state, event, its index for the pair, step)."""
@@ -130,42 +126,26 @@ class Table:
             return f"{head} reject {step.rule}"
         return f"{head} {step.dest}{' (release)' if step.release else ''}"
 
-    def decide(self, state: str, event: str, guards: Mapping[str, bool]) -> Step:
-        for step in self.steps[(state, event)]:
-            if all(guards[g] == want for g, want in step.guards):
-                return step
-        raise AssertionError(f"spec validation guarantees an outcome for ({state}, {event})")
 
-
-def compile_table(machine: Machine, lifecycle: Lifecycle | None = None) -> Table:
-    """Read the Machine's transition lists into a Table.
-
-    Pairs the Machine has no transition for are rejections; their rule comes
-    from the spec, the only place that names it.
-    """
+def compile_table(lifecycle: Lifecycle | None = None) -> Table:
+    """The spec's candidates as a Table; each decision is the spec's own (`Lifecycle.decide`)."""
     lc = lifecycle or load_spec()
-    unguarded = {(r.source, r.event): r.rule for r in lc.rejections if not r.guards}
-    steps: dict[tuple[str, str], tuple[Step, ...]] = {}
-    for state, event in lc.pairs():
-        found = machine.events[event].transitions.get(state, []) if event in machine.events else []
-        compiled = [_compile_transition(t) for t in found]
-        if (state, event) in unguarded:
-            compiled.append(Step((), None, False, unguarded[(state, event)]))
-        steps[(state, event)] = tuple(compiled)
-    terminal = frozenset(s for s, st in lc.states.items() if st.terminal)
-    table = Table(steps, terminal, {})
+    outcomes: tuple[Outcome, ...] = (*lc.rejections, *lc.transitions)
+    compiled = {o: _compile(o) for o in outcomes}
+    steps = {(s, e): tuple(compiled[o] for o in lc.outcomes(s, e)) for s, e in lc.pairs()}
     flat = {
-        (s, e, c, k): table.decide(s, e, guard_values(c, k)) for (s, e) in steps for c in range(3) for k in range(3)
+        (s, e, c, k): compiled[lc.decide(s, e, guard_values(c, k))]
+        for s, e in lc.pairs()
+        for c in range(LEVELS)
+        for k in range(LEVELS)
     }
-    return Table(steps, terminal, flat)
+    return Table(steps, frozenset(s for s, st in lc.states.items() if st.terminal), flat)
 
 
-def _compile_transition(t: Any) -> Step:
-    guards = tuple((c.func, bool(c.target)) for c in t.conditions)
-    rejects = [cb for cb in t.before if isinstance(cb, _Reject)]
-    if rejects:
-        return Step(guards, None, False, rejects[0].rule)
-    return Step(guards, t.dest, "release_memory" in t.after, None)
+def _compile(outcome: Outcome) -> Step:
+    if isinstance(outcome, Rejection):
+        return Step(outcome.guards, None, False, outcome.rule)
+    return Step(outcome.guards, outcome.dest, outcome.action == "release_memory", None)
 
 
 _DEFAULT: Table | None = None
@@ -175,5 +155,5 @@ def default_table() -> Table:
     """The table compiled from the packaged spec (built once per process)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = compile_table(build_machine())
+        _DEFAULT = compile_table()
     return _DEFAULT

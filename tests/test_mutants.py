@@ -75,7 +75,7 @@ def test_the_checks_each_invariant_runs_are_read_from_the_code() -> None:
 HUNT = settings(
     derandomize=True,
     database=None,
-    max_examples=2000,
+    max_examples=5000,
     stateful_step_count=30,
     deadline=None,
     report_multiple_bugs=False,

@@ -36,6 +36,19 @@ def test_every_rule_names_a_real_error_class_and_a_seed_clause() -> None:
         assert rule.seed and rule.text, rule.id
 
 
+def test_failures_name_a_rule_and_its_error_or_a_subclass_of_it() -> None:
+    lc = load()
+    assert {w: (f.rule, f.error) for w, f in lc.failures.items()} == {
+        "copy_in": ("COPY-F", "DeviceCopyError"),
+        "copy_out": ("COPY-F", "OutputCopyError"),
+        "compute": ("COMPUTE-F", "ComputeError"),
+        "aborted": ("GEN-1", "StaleHandleError"),
+    }
+    for f in lc.failures.values():
+        rule_error = lc.rules[f.rule].error
+        assert rule_error is not None and issubclass(errors.ERRORS[f.error], errors.ERRORS[rule_error]), f
+
+
 def test_release_memory_happens_only_on_entering_freed_or_stale() -> None:
     lc = load()
     releasing = {(t.source, t.event, t.dest) for t in lc.transitions if t.action == "release_memory"}
@@ -115,6 +128,14 @@ def _kept_by_nothing_known(d: dict[str, Any]) -> None:
     _rule(d, "PIN-1")["kept_by"] = "hoping"
 
 
+def _a_failure_without_a_rule(d: dict[str, Any]) -> None:
+    d["failures"] = [f for f in d["failures"] if f["when"] != "compute"]
+
+
+def _a_failure_of_an_unknown_rule(d: dict[str, Any]) -> None:
+    d["failures"][0]["rule"] = "COPY-X"
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -122,6 +143,8 @@ def _kept_by_nothing_known(d: dict[str, Any]) -> None:
         (_neither, "rule VIEW-3 needs exactly one of `error` and `kept_by`"),
         (_kept_by_a_rule_without_an_error, "rule H2D-2: kept_by must be one of"),
         (_kept_by_nothing_known, "rule PIN-1: kept_by must be one of"),
+        (_a_failure_without_a_rule, "failures must name a known rule for each of "),
+        (_a_failure_of_an_unknown_rule, "failures must name a known rule for each of"),
         (_drop_pair, "(allocated, free) is neither a transition nor a rejection"),
         (_unreachable, "unreachable"),
         (_dead_end, "cannot reach a terminal state"),
