@@ -82,6 +82,25 @@ def logged(rule: str, records: Sequence[logging.LogRecord], *, like: str) -> lis
     return messages
 
 
+def assert_each_refused(
+    rule: str,
+    calls: Sequence[Callable[[], object]],
+    state: Callable[[], object],
+    kind: type[errors.BridgeError] | None = None,
+) -> list[errors.BridgeError]:
+    """Each call raises the spec's refusal of a breach of `rule` (see `assert_refused`) and
+    leaves `state()` as it was: nothing changed, no backend call (the fake's snapshot holds its
+    call log). The errors, in order, for what a test checks beyond that."""
+    before = state()
+    raised = []
+    for call in calls:
+        with refused(rule, kind) as info:
+            call()
+        raised.append(info.value)
+        assert state() == before, f"{rule}: a refused call changed something ({call})"
+    return raised
+
+
 def assert_all_refused(outcomes: Mapping[str, str], rule: str) -> None:
     """Every outcome, written "ErrorType RULE", is the refusal of a breach of `rule`."""
     cited = _cited(rule)

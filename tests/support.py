@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRange, HostRing, ObjectSpec
 from devbridge.backends.fake import FakeBackend
@@ -30,3 +30,8 @@ def read_device(bridge: Bridge, ring: HostRing, handle: DeviceHandle, offset: in
 def snapshot(bridge: Bridge, fake: FakeBackend, ring: HostRing, handles: Sequence[DeviceHandle]) -> object:
     """Everything a rejected call must leave unchanged."""
     return (bridge.stats(), [bridge.state(h) for h in handles], ring.snapshot(), fake.snapshot())
+
+
+def world(bridge: Bridge, fake: FakeBackend, ring: HostRing, handles: Sequence[DeviceHandle]) -> Callable[[], object]:
+    """`snapshot` of these, taken whenever called (for `rules.assert_each_refused`)."""
+    return lambda: snapshot(bridge, fake, ring, handles)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
-from rules import deferred, refused
-from support import F32, U8, put, read_device, snapshot
+from rules import assert_each_refused, deferred, refused
+from support import F32, U8, put, read_device, snapshot, world
 
 from devbridge import (
     Bridge,
@@ -163,17 +164,13 @@ def test_use_after_free_is_rejected(bridge: Bridge, fake: FakeBackend, ring: Hos
         bridge.compute(h)
     bridge.free_device(h)
     src = put(ring, b"abcd")
-    before = snapshot(bridge, fake, ring, [h])
     calls = [
         lambda: bridge.host_to_device(src, DeviceRange(h, 0, 4)),
         lambda: bridge.device_to_host(DeviceRange(h, 0, 4), src),
         lambda: bridge.compute(h),
         lambda: bridge.wrap_for_tinygrad(h, TensorViewSpec((16,), "uint8")),
     ]
-    for call in calls:
-        with refused("USE-1"):
-            call()
-    assert snapshot(bridge, fake, ring, [h]) == before
+    assert_each_refused("USE-1", calls, world(bridge, fake, ring, [h]))
 
 
 @pytest.mark.holds("HANDLE-1")
@@ -185,14 +182,13 @@ def test_foreign_and_forged_handles_are_rejected(bridge: Bridge, fake: FakeBacke
     assert bridge.state(mine) == "allocated" and other.state(theirs) == "allocated"
     forged = DeviceHandle(5, 0, 16, U8, owner=mine.owner)
     src = put(ring, b"ab")
-    before = snapshot(bridge, fake, ring, [mine])
-    for h in (theirs, forged, "not a handle"):
-        for call in (bridge.free_device, bridge.compute, bridge.state):
-            with refused("HANDLE-1"):
-                call(h)  # type: ignore[operator]
-    with refused("HANDLE-1"):
-        bridge.host_to_device(src, DeviceRange(theirs, 0, 2))
-    assert snapshot(bridge, fake, ring, [mine]) == before
+    calls = [
+        functools.partial(call, h)
+        for h in (theirs, forged, "not a handle")
+        for call in (bridge.free_device, bridge.compute, bridge.state)
+    ]
+    calls.append(lambda: bridge.host_to_device(src, DeviceRange(theirs, 0, 2)))
+    assert_each_refused("HANDLE-1", calls, world(bridge, fake, ring, [mine]))
     assert fake.ops() == ["alloc"] and other_fake.ops() == ["alloc"]
 
 
@@ -228,7 +224,6 @@ def test_altered_handles_are_rejected_before_any_backend_call(
     bridge.host_to_device(put(ring, bytes(range(64))), DeviceRange(h, 0, 64))
     forged = dataclasses.replace(h, **change)  # type: ignore[arg-type]
     out = ring.reserve(64)
-    before = snapshot(bridge, fake, ring, [h])
     calls = [
         lambda: bridge.free_device(forged),
         lambda: bridge.state(forged),
@@ -237,10 +232,7 @@ def test_altered_handles_are_rejected_before_any_backend_call(
         lambda: bridge.device_to_host(DeviceRange(forged, 0, 64), out),
         lambda: bridge.host_to_device(out, DeviceRange(forged, 0, 64)),
     ]
-    for call in calls:
-        with refused("HANDLE-1"):
-            call()
-    assert snapshot(bridge, fake, ring, [h]) == before
+    assert_each_refused("HANDLE-1", calls, world(bridge, fake, ring, [h]))
     assert bridge.state(h) == "idle" and bytes(fake.buffer(0).data) == bytes(range(64))
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rules import assert_refused, refused
-from support import U8, put, read_device, snapshot
+from rules import assert_each_refused, assert_refused, refused
+from support import U8, put, read_device, snapshot, world
 
 from devbridge import (
     Bridge,
@@ -203,16 +203,12 @@ def test_pending_copies_guard_their_host_bytes(bridge: Bridge, fake: FakeBackend
     out = ring.reserve(8)
     bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=False)
     bridge.device_to_host(DeviceRange(h, 8, 8), out, sync=False)
-    before = snapshot(bridge, fake, ring, [h])
     bad = [
         lambda: bridge.device_to_host(DeviceRange(h, 0, 4), src.sub(0, 4)),  # write into bytes being read
         lambda: bridge.device_to_host(DeviceRange(h, 0, 4), out.sub(4, 4)),  # two writers
         lambda: bridge.host_to_device(out.sub(0, 4), DeviceRange(h, 0, 4)),  # read bytes being written
     ]
-    for call in bad:
-        with refused("RING-3"):
-            call()
-    assert snapshot(bridge, fake, ring, [h]) == before
+    assert_each_refused("RING-3", bad, world(bridge, fake, ring, [h]))
     # a second reader of the same input bytes is fine
     bridge.host_to_device(src, DeviceRange(h, 8, 8), sync=False)
 
@@ -233,7 +229,6 @@ def test_bad_ranges_raise_range_error_before_any_backend_call(
     src = put(ring, b"x" * 8)
     other_ring = HostRing(64)
     foreign = other_ring.reserve(8)
-    before = snapshot(bridge, fake, ring, [h])
     constructions = [
         lambda: DeviceRange(h, 12, 8),  # past the extent
         lambda: DeviceRange(h, -1, 4),  # negative offset
@@ -246,11 +241,8 @@ def test_bad_ranges_raise_range_error_before_any_backend_call(
         lambda: bridge.host_to_device(DeviceRange(h, 0, 8), src),  # type: ignore[arg-type]  # swapped
         lambda: ring.release(foreign),  # another ring's range
     ]
-    for call in constructions + calls:
-        with refused("RANGE-1") as e:
-            call()
-        assert isinstance(e.value, ValueError)
-    assert snapshot(bridge, fake, ring, [h]) == before
+    raised = assert_each_refused("RANGE-1", constructions + calls, world(bridge, fake, ring, [h]))
+    assert all(isinstance(e, ValueError) for e in raised)
 
 
 def test_fake_catches_a_write_outside_the_buffer(fake: FakeBackend) -> None:
@@ -345,16 +337,12 @@ def test_flags_that_are_not_bools_are_refused(bridge: Bridge, fake: FakeBackend,
     ring = HostRing(64)
     h = bridge.alloc_device(U8, 8)
     src, out = put(ring, b"flagflag"), ring.reserve(8)
-    before = snapshot(bridge, fake, ring, [h])
     calls = [
         lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8), sync=flag),  # type: ignore[arg-type]
         lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8), release=flag),  # type: ignore[arg-type]
         lambda: bridge.device_to_host(DeviceRange(h, 0, 8), out, sync=flag),  # type: ignore[arg-type]
     ]
-    for call in calls:
-        with refused("ARG-1"):
-            call()
-    assert snapshot(bridge, fake, ring, [h]) == before
+    assert_each_refused("ARG-1", calls, world(bridge, fake, ring, [h]))
 
 
 def recorded_queries(fake: FakeBackend) -> list[object]:

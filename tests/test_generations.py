@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 
 import pytest
-from rules import assert_refused, refused
-from support import U8, put, read_device, snapshot
+from rules import assert_each_refused, assert_refused
+from support import U8, put, read_device, world
 
 from devbridge import Bridge, DeviceRange, HostRing, OutputNotReadyError, StaleHandleError, TensorViewSpec
 from devbridge.backends.fake import Call, FakeBackend, FakeViolation
@@ -92,7 +92,6 @@ def test_old_generation_handles_are_rejected_without_a_backend_call(
         bridge.compute(h)
     bridge.restart()
     src, out = put(ring, b"12345678"), ring.reserve(8)
-    before = snapshot(bridge, fake, ring, [h])
     calls = [
         lambda: bridge.free_device(h),
         lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8)),
@@ -100,10 +99,7 @@ def test_old_generation_handles_are_rejected_without_a_backend_call(
         lambda: bridge.compute(h),
         lambda: bridge.wrap_for_tinygrad(h, TensorViewSpec((8,), "uint8")),
     ]
-    for call in calls:
-        with refused("GEN-2"):
-            call()
-    assert snapshot(bridge, fake, ring, [h]) == before
+    assert_each_refused("GEN-2", calls, world(bridge, fake, ring, [h]))
 
 
 def test_fake_refuses_old_generation_buffers_on_its_own(fake: FakeBackend) -> None:

@@ -9,8 +9,8 @@ when: a held-back copy is not submitted until its predecessors ended.
 from __future__ import annotations
 
 import pytest
-from rules import deferred, refused
-from support import U8, put, read_device, snapshot
+from rules import assert_each_refused, deferred, refused
+from support import U8, put, read_device, snapshot, world
 
 from devbridge import (
     Bridge,
@@ -257,14 +257,11 @@ def test_a_sync_copy_that_must_follow_an_open_compute_is_refused(
     h = bridge.alloc_device(U8, 4)
     src, out = put(ring, b"data"), ring.reserve(4)
     with bridge.compute(h) as comp:
-        before = snapshot(bridge, fake, ring, [h])
-        for call in (
+        calls = [
             lambda: bridge.host_to_device(src, DeviceRange(h, 0, 4)),
             lambda: bridge.device_to_host(DeviceRange(h, 0, 4), out),
-        ):
-            with refused("ORDER-2"):
-                call()
-            assert snapshot(bridge, fake, ring, [h]) == before
+        ]
+        assert_each_refused("ORDER-2", calls, world(bridge, fake, ring, [h]))
         held = bridge.host_to_device(src, DeviceRange(h, 0, 4), sync=False)  # asynchronous: held, fine
         with refused("ORDER-2"):
             held.wait(timeout=1)

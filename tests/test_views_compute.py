@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 
 import numpy as np
 import pytest
-from rules import deferred, logged, refused
-from support import F32, U8, put, snapshot
+from rules import assert_each_refused, deferred, logged, refused
+from support import F32, U8, put, world
 from tinygrad.tensor import Tensor
 
 from devbridge import (
@@ -50,7 +51,6 @@ def test_views_at_aligned_offsets_up_to_the_extent_are_accepted(bridge: Bridge, 
 def test_invalid_views_are_rejected_without_a_backend_call(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
     h = bridge.alloc_device(F32, 32)
     role = bridge.alloc_device(ObjectSpec("w", "float32", role="weights", view=TensorViewSpec((4,), "float32")), 16)
-    before = snapshot(bridge, fake, ring, [h, role])
     bad_views = [
         (h, TensorViewSpec((4,), "int32")),  # not the spec's dtype
         (h, TensorViewSpec((9,), "float32")),  # past the extent
@@ -60,10 +60,8 @@ def test_invalid_views_are_rejected_without_a_backend_call(bridge: Bridge, fake:
         (role, TensorViewSpec((2, 2), "float32")),  # not the role's view
         (h, (8,)),  # not a TensorViewSpec
     ]
-    for handle, view in bad_views:
-        with refused("VIEW-2"):
-            bridge.wrap_for_tinygrad(handle, view)  # type: ignore[arg-type]
-    assert snapshot(bridge, fake, ring, [h, role]) == before
+    calls = [functools.partial(bridge.wrap_for_tinygrad, handle, view) for handle, view in bad_views]
+    assert_each_refused("VIEW-2", calls, world(bridge, fake, ring, [h, role]))  # type: ignore[arg-type]
 
 
 @pytest.mark.rejects("VIEW-2")
