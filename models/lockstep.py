@@ -214,7 +214,7 @@ class Lockstep:
 
     # ------------------------------------------------------------ calls
 
-    def alloc(self, extent: int, fails: bool) -> None:
+    def alloc(self, extent: int, fails: bool) -> DeviceHandle | None:
         outcome = self.model.alloc(extent, fails)
         if fails:
             self.fake.fail_next("alloc")  # alloc always reaches the backend
@@ -222,10 +222,11 @@ class Lockstep:
         code = f"bridge.alloc_device(ObjectSpec('blob', 'uint8'), {extent})"
         if isinstance(outcome, int):
             self.emit(f"h{outcome} = {code}")
-        h = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
+        h: DeviceHandle | None = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
         if h is not None:
             agree(h.id == outcome == len(self.handles), "alloc", f"handle #{h.id}, the model's #{outcome}")
             self.handles.append(h)
+        return h
 
     def free(self, h: DeviceHandle) -> None:
         outcome = self.model.free(h.id)

@@ -279,10 +279,11 @@ def sync_copy_keeps_host_bytes() -> Iterator[None]:
         yield
 
 
-@mutant("pending", "refused:RING-3")
+@mutant("pending", "refused:RING-3", "fake:free-in-use")
 def async_copy_taken_as_done_at_submission() -> Iterator[None]:
     """The fused path takes every submitted asynchronous copy as done at once, without asking the
-    backend: its host bytes are released (or its output made valid) before the data moved."""
+    backend: its host bytes are released (or its output made valid) before the data moved, and
+    its allocation is idle, so a free reaches the backend while the copy still runs."""
 
     def first_status(self: Bridge, token: object, *args: Any, **kwargs: Any) -> Any:
         return None if token is None else OK

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, precondition, rule
 
 from devbridge import (
     DeviceHandle,
@@ -55,7 +55,25 @@ def fire_code(handle: DeviceHandle, event: str) -> str:
     return f"bridge._core.fire({handle.id}, {handle.generation}, {event!r})"
 
 
+def checks(name: str, spec_invariant: str) -> Callable[[BridgeMachine], None]:
+    """An @invariant `name` running one spec invariant's lockstep checks (a failure names it)."""
+
+    def check(self: BridgeMachine) -> None:
+        self.s.check_invariant(spec_invariant)
+
+    check.__name__ = check.__qualname__ = name
+    check.spec_invariant = spec_invariant  # type: ignore[attr-defined]
+    return invariant()(check)
+
+
 class BridgeMachine(RuleBasedStateMachine):
+    """Handles and reservations flow through Bundles: a counterexample reads as calls on named
+    objects (`handles_0 = state.alloc(...)`, `state.free(handle=handles_0, ...)`). A handle stays
+    in its bundle after a free or a restart: using it then is part of the contract too."""
+
+    handles = Bundle("handles")
+    reservations = Bundle("reservations")
+
     def __init__(self) -> None:
         super().__init__()
         self.s = Lockstep(RING, observer=COVERAGE.record, edges=COVERAGE.record_edge, refusals=COVERAGE.refusals)
@@ -65,13 +83,19 @@ class BridgeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ choosing arguments
 
-    def handle(self, i: int) -> DeviceHandle:
-        return self.s.handles[i % len(self.s.handles)]
+    def live(self, r: HostRange) -> HostRange:
+        """The unreleased part of `r` (its first unreleased span), else any unreleased span, else
+        `r`: most copies are meant to work."""
+        spans = self.s.ring.unreleased()
+        inside = [x for x in spans if x.start < r.end and r.start < x.end]
+        if inside:
+            start = max(inside[0].start, r.start)
+            return HostRange(self.s.ring, start, min(inside[0].end, r.end) - start)
+        return spans[0] if spans else r
 
-    def pick_range(self, i: int, off: int, n: int, live: bool = False) -> HostRange:
-        """A sub-range of a reservation; with `live`, of an unreleased span (if any)."""
-        spans = (self.s.ring.unreleased() if live else []) or self.s.reservations
-        r = spans[i % len(spans)]
+    def pick_range(self, r: HostRange, off: int, n: int, live: bool = False) -> HostRange:
+        """A sub-range of `r`; with `live`, of its unreleased part (see `live`)."""
+        r = self.live(r) if live else r
         off %= r.nbytes
         return r.sub(off, 1 + (n - 1) % (r.nbytes - off))
 
@@ -80,36 +104,34 @@ class BridgeMachine(RuleBasedStateMachine):
         return off, 1 + n % (h.extent - off)
 
     def copy_ranges(
-        self, h: int, i: int, off: int, dev: int, n: int, live: bool
-    ) -> tuple[DeviceHandle, HostRange, int]:
-        """A handle, a host range and a device offset for a copy of one size that fits both.
-        With `live`, the host range comes from unreleased bytes (most copies are meant to work)."""
-        handle = self.handle(h)
-        spans = self.s.ring.unreleased() if live else []
-        r = (spans or self.s.reservations)[i % len(spans or self.s.reservations)]
+        self, handle: DeviceHandle, r: HostRange, off: int, dev: int, n: int, live: bool
+    ) -> tuple[HostRange, int]:
+        """A host range in `r` and a device offset in `handle` for a copy of one size that fits
+        both. With `live`, the host range comes from unreleased bytes (see `live`)."""
+        r = self.live(r) if live else r
         off %= r.nbytes
         size = 1 + n % min(r.nbytes - off, handle.extent)
-        return handle, r.sub(off, size), dev % (handle.extent - size + 1)
+        return r.sub(off, size), dev % (handle.extent - size + 1)
 
     # ------------------------------------------------------------ allocation
 
     @precondition(lambda self: len(self.s.handles) < MAX_HANDLES)
-    @rule(extent=st.integers(1, 48), fails=fault)
-    def alloc(self, extent: int, fails: bool) -> None:
-        self.s.alloc(extent, fails)
+    @rule(target=handles, extent=st.integers(1, 48), fails=fault)
+    def alloc(self, extent: int, fails: bool) -> object:
+        h = self.s.alloc(extent, fails)
+        return multiple() if h is None else h
 
     def arm_free_fault(self, fails: bool) -> None:
         """Make the next backend free fail, whichever it is (at most two armed at once)."""
         if fails and self.s.model.free_faults < MAX_FREE_FAULTS:
             self.s.arm_free_fault()
 
-    @precondition(lambda self: self.s.handles)
-    @rule(i=index, fails=fault)
-    def free(self, i: int, fails: bool = False) -> None:
+    @rule(handle=handles, fails=fault)
+    def free(self, handle: DeviceHandle, fails: bool = False) -> None:
         """With `fails`, the backend refuses the next free: this one if immediate (FREE-3 from
         free_device), else whichever release comes next (deferred: reported by the next poll)."""
         self.arm_free_fault(fails)
-        self.s.free(self.handle(i))
+        self.s.free(handle)
 
     @rule(fails=fault)
     def restart(self, fails: bool = False) -> None:
@@ -120,9 +142,10 @@ class BridgeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ ring
 
-    @rule(n=st.integers(1, 40))
-    def reserve(self, n: int) -> None:
-        self.s.reserve(n)
+    @rule(target=reservations, n=st.integers(1, 40))
+    def reserve(self, n: int) -> object:
+        r = self.s.reserve(n)
+        return multiple() if r is None else r
 
     @rule(n=st.integers(RING - 48, RING + 1), drain=mostly, keep=fault)
     def reserve_most(self, n: int, drain: bool, keep: bool) -> None:
@@ -145,99 +168,122 @@ class BridgeMachine(RuleBasedStateMachine):
         start = max(0, self.s.ring.head - back)
         self.s.released(start, self.s.ring.head - start + extra)
 
-    @precondition(lambda self: self.s.reservations)
-    @rule(i=index, off=index, n=index, seed=st.integers(0, 255), live=mostly)
-    def fill(self, i: int, off: int, n: int, seed: int, live: bool) -> None:
+    @rule(r=reservations, off=index, n=index, seed=st.integers(0, 255), live=mostly)
+    def fill(self, r: HostRange, off: int, n: int, seed: int, live: bool) -> None:
         """Write through ring.view; with `live`, into unreleased bytes (where input copies may
         be reading: the view is then read-only)."""
-        r = self.pick_range(i, off, n, live)
-        self.s.fill(r, bytes((seed + k) % 256 for k in range(r.nbytes)))
+        part = self.pick_range(r, off, n, live)
+        self.s.fill(part, bytes((seed + k) % 256 for k in range(part.nbytes)))
 
-    @precondition(lambda self: self.s.reservations)
-    @rule(i=index, off=index, n=index)
-    def read(self, i: int, off: int, n: int) -> None:
-        self.s.read(self.pick_range(i, off, n))
+    @rule(r=reservations, off=index, n=index)
+    def read(self, r: HostRange, off: int, n: int) -> None:
+        self.s.read(self.pick_range(r, off, n))
 
-    @precondition(lambda self: self.s.reservations)
-    @rule(i=index, off=index, n=index)
-    def release(self, i: int, off: int, n: int) -> None:
-        self.s.release(self.pick_range(i, off, n))
+    @rule(r=reservations, off=index, n=index)
+    def release(self, r: HostRange, off: int, n: int) -> None:
+        self.s.release(self.pick_range(r, off, n))
 
     # ------------------------------------------------------------ copies, compute, views
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly, keep=fault)
+    @rule(
+        r=reservations,
+        off=index,
+        n=index,
+        handle=handles,
+        dev=index,
+        sync=st.booleans(),
+        fails=fault,
+        live=mostly,
+        keep=fault,
+    )
     def host_to_device(
-        self, i: int, off: int, n: int, h: int, dev: int, sync: bool, fails: bool, live: bool, keep: bool = False
+        self,
+        r: HostRange,
+        off: int,
+        n: int,
+        handle: DeviceHandle,
+        dev: int,
+        sync: bool,
+        fails: bool,
+        live: bool,
+        keep: bool = False,
     ) -> None:
-        handle, src, d_off = self.copy_ranges(h, i, off, dev, n, live)
+        src, d_off = self.copy_ranges(handle, r, off, dev, n, live)
         self.s.host_to_device(src, handle, d_off, sync, fails, release=not keep)
         self.probe_end(handle, "compute_end")
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, sync=st.booleans(), fails=fault, live=mostly)
-    def device_to_host(self, i: int, off: int, n: int, h: int, dev: int, sync: bool, fails: bool, live: bool) -> None:
-        handle, dst, d_off = self.copy_ranges(h, i, off, dev, n, live)
+    @rule(r=reservations, off=index, n=index, handle=handles, dev=index, sync=st.booleans(), fails=fault, live=mostly)
+    def device_to_host(
+        self, r: HostRange, off: int, n: int, handle: DeviceHandle, dev: int, sync: bool, fails: bool, live: bool
+    ) -> None:
+        dst, d_off = self.copy_ranges(handle, r, off, dev, n, live)
         self.s.device_to_host(handle, d_off, dst, sync, fails)
         self.probe_end(handle, "compute_end")
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, inward=st.booleans())
-    def copy_lost_at_submit(self, i: int, off: int, n: int, h: int, dev: int, inward: bool) -> None:
+    @rule(r=reservations, off=index, n=index, handle=handles, dev=index, inward=st.booleans())
+    def copy_lost_at_submit(self, r: HostRange, off: int, n: int, handle: DeviceHandle, dev: int, inward: bool) -> None:
         """The backend's first query of an asynchronous copy (at submission) fails: the call
         returns an event that is already done, failed (COPY-F); the host bytes as for a failed copy."""
-        handle, r, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        part, d_off = self.copy_ranges(handle, r, off, dev, n, live=True)
         if inward:
-            self.s.host_to_device(r, handle, d_off, sync=False, fails=False, lost=True)
+            self.s.host_to_device(part, handle, d_off, sync=False, fails=False, lost=True)
         else:
-            self.s.device_to_host(handle, d_off, r, sync=False, fails=False, lost=True)
+            self.s.device_to_host(handle, d_off, part, sync=False, fails=False, lost=True)
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, inward=st.booleans(), fails=fault, keep=fault)
+    @rule(r=reservations, off=index, n=index, handle=handles, dev=index, inward=st.booleans(), fails=fault, keep=fault)
     def copy_done_at_once(
-        self, i: int, off: int, n: int, h: int, dev: int, inward: bool, fails: bool, keep: bool
+        self, r: HostRange, off: int, n: int, handle: DeviceHandle, dev: int, inward: bool, fails: bool, keep: bool
     ) -> None:
         """An asynchronous copy the backend finishes at submission (tinygrad: a small copy to an
         idle CPU device) takes the synchronous copy's fused step; one held back or armed to fail
         stays in flight."""
-        handle, r, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        part, d_off = self.copy_ranges(handle, r, off, dev, n, live=True)
         if inward:
-            self.s.host_to_device(r, handle, d_off, sync=False, fails=fails, release=not keep, at_once=True)
+            self.s.host_to_device(part, handle, d_off, sync=False, fails=fails, release=not keep, at_once=True)
         else:
-            self.s.device_to_host(handle, d_off, r, sync=False, fails=fails, at_once=True)
+            self.s.device_to_host(handle, d_off, part, sync=False, fails=fails, at_once=True)
         self.probe_end(handle, "compute_end")
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, shift=st.integers(-4, 4), seed=st.integers(0, 255))
-    def fill_during_input_copy(self, i: int, off: int, n: int, h: int, dev: int, shift: int, seed: int) -> None:
+    @rule(
+        r=reservations,
+        off=index,
+        n=index,
+        handle=handles,
+        dev=index,
+        shift=st.integers(-4, 4),
+        seed=st.integers(0, 255),
+    )
+    def fill_during_input_copy(
+        self, r: HostRange, off: int, n: int, handle: DeviceHandle, dev: int, shift: int, seed: int
+    ) -> None:
         """A producer writing host bytes an asynchronous input copy still reads (all or some of
         them): the view is read-only (H2D-3); the copy moves the bytes as they were."""
-        handle, src, d_off = self.copy_ranges(h, i, off, dev, n, live=True)
+        src, d_off = self.copy_ranges(handle, r, off, dev, n, live=True)
         self.s.host_to_device(src, handle, d_off, sync=False, fails=False)
-        span = next((r for r in self.s.ring.unreleased() if r.start <= src.start < r.end), None)
+        span = next((x for x in self.s.ring.unreleased() if x.start <= src.start < x.end), None)
         if span is not None:
             start = min(max(src.start + shift, span.start), span.end - 1)
             end = min(max(src.end + shift, start + 1), span.end)
             self.s.fill(HostRange(self.s.ring, start, end - start), bytes((seed + k) % 256 for k in range(end - start)))
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index, k=st.integers(1, 2), fails=fault)
-    def free_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int, k: int, fails: bool) -> None:
+    @rule(rs=st.lists(reservations, min_size=1, max_size=2), off=index, n=index, handle=handles, dev=index, fails=fault)
+    def free_during_output_copy(
+        self, rs: list[HostRange], off: int, n: int, handle: DeviceHandle, dev: int, fails: bool
+    ) -> None:
         """The worker's usual pattern: start the last downloads, free at once (a deferred free,
         whose backend free may be made to fail: reported by the poll after the last completion);
         then a compute end that no compute is waiting for must be refused."""
-        for j in range(k):
-            self.device_to_host(i + j, off, n, h, dev, sync=False, fails=False, live=True)
-        self.free(h, fails)
-        self.probe_end(self.handle(h), "compute_end")
+        for r in rs:
+            self.device_to_host(r, off, n, handle, dev, sync=False, fails=False, live=True)
+        self.free(handle, fails)
+        self.probe_end(handle, "compute_end")
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(i=index, off=index, n=index, h=index, dev=index)
-    def restart_during_output_copy(self, i: int, off: int, n: int, h: int, dev: int) -> None:
+    @rule(r=reservations, off=index, n=index, handle=handles, dev=index)
+    def restart_during_output_copy(self, r: HostRange, off: int, n: int, handle: DeviceHandle, dev: int) -> None:
         """A restart while a download is in flight (stale_pending), then a stray compute end."""
-        self.device_to_host(i, off, n, h, dev, sync=False, fails=False, live=True)
+        self.device_to_host(r, off, n, handle, dev, sync=False, fails=False, live=True)
         self.restart()
-        self.probe_end(self.handle(h), "compute_end")
+        self.probe_end(handle, "compute_end")
 
     def probe_end(self, handle: DeviceHandle, event: str) -> None:
         """Send `event` straight to the core if no use of its kind is in flight: EVENT-1."""
@@ -249,37 +295,67 @@ class BridgeMachine(RuleBasedStateMachine):
                 fire_code(handle, event),
             )
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(h=index, i=index, k=st.integers(2, 3), inward=st.booleans(), computes=st.integers(0, 2))
-    def copy_burst(self, h: int, i: int, k: int, inward: bool, computes: int) -> None:
+    @rule(
+        handle=handles,
+        rs=st.lists(reservations, min_size=2, max_size=3),
+        inward=st.booleans(),
+        computes=st.integers(0, 2),
+    )
+    def copy_burst(self, handle: DeviceHandle, rs: list[HostRange], inward: bool, computes: int) -> None:
         """Several asynchronous copies on one allocation at once, and maybe computes beside them."""
         copy = self.host_to_device if inward else self.device_to_host
-        for j in range(k):
-            copy(i + j, 0, 1, h, j, sync=False, fails=False, live=True)
+        for j, r in enumerate(rs):
+            copy(r, 0, 1, handle, j, sync=False, fails=False, live=True)
         for _ in range(computes):
-            self.compute([h], fails=False)
+            self.compute([handle], fails=False)
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(h=index, other=index, i=index, off=index, n=index, dev=index, inward=st.booleans(), sync=st.booleans())
+    @precondition(lambda self: len(self.s.tensors) < MAX_TENSORS)
+    @rule(handle=handles, rs=st.lists(reservations, min_size=1, max_size=2), inward=st.booleans())
+    def copies_beside_a_view(self, handle: DeviceHandle, rs: list[HostRange], inward: bool) -> None:
+        """Asynchronous copies while a live view keeps the allocation in use (a view orders
+        nothing, ORDER-1): copying_computing until the copies end, one by one."""
+        if self.s.wrap(handle, 0, handle.extent) is None:
+            return
+        copy = self.host_to_device if inward else self.device_to_host
+        for j, r in enumerate(rs):
+            copy(r, 0, 1, handle, j, sync=False, fails=False, live=True)
+
+    @rule(
+        handle=handles,
+        other=handles,
+        r=reservations,
+        off=index,
+        n=index,
+        dev=index,
+        inward=st.booleans(),
+        sync=st.booleans(),
+    )
     def copy_inside_compute_block(
-        self, h: int, other: int, i: int, off: int, n: int, dev: int, inward: bool, sync: bool
+        self,
+        handle: DeviceHandle,
+        other: DeviceHandle,
+        r: HostRange,
+        off: int,
+        n: int,
+        dev: int,
+        inward: bool,
+        sync: bool,
     ) -> None:
         """Inside `with bridge.compute(h):` a copy on any allocation: a synchronous one that would
         have to wait for the open compute event is refused (ORDER-2) and changes nothing; an
         asynchronous one is held back until the block exits and the compute completes."""
-        use = self.s.compute([self.handle(h)], fails=False)
+        use = self.s.compute([handle], fails=False)
         if use is None:
             return
         self.s.open_compute(use)
         copy = self.host_to_device if inward else self.device_to_host
-        copy(i, off, n, other, dev, sync=sync, fails=False, live=True)
+        copy(r, off, n, other, dev, sync=sync, fails=False, live=True)
         self.s.close_compute(use)
 
-    @precondition(lambda self: self.s.handles)
-    @rule(hs=st.lists(index, min_size=1, max_size=2), fails=fault)
-    def compute(self, hs: list[int], fails: bool) -> None:
-        self.s.compute([self.handle(i) for i in hs], fails)
-        self.probe_end(self.handle(hs[0]), "copy_end")
+    @rule(hs=st.lists(handles, min_size=1, max_size=2), fails=fault)
+    def compute(self, hs: list[DeviceHandle], fails: bool) -> None:
+        self.s.compute(hs, fails)
+        self.probe_end(hs[0], "copy_end")
 
     def view_range(self, handle: DeviceHandle, off: int, n: int, aligned: bool) -> tuple[int, int]:
         """A view's offset and size within the extent: aligned (0, 16 or 32 for 1..48 bytes), or
@@ -288,11 +364,10 @@ class BridgeMachine(RuleBasedStateMachine):
             off = VIEW_ALIGNMENT * (off % -(-handle.extent // VIEW_ALIGNMENT))
         return self.device_range(handle, off, n)
 
-    @precondition(lambda self: self.s.handles and len(self.s.tensors) < MAX_TENSORS)
-    @rule(h=index, off=index, n=index, keep=st.booleans(), aligned=mostly)
-    def wrap(self, h: int, off: int, n: int, keep: bool, aligned: bool) -> None:
+    @precondition(lambda self: len(self.s.tensors) < MAX_TENSORS)
+    @rule(handle=handles, off=index, n=index, keep=st.booleans(), aligned=mostly)
+    def wrap(self, handle: DeviceHandle, off: int, n: int, keep: bool, aligned: bool) -> None:
         """Make a view; kept for later steps, or used and dropped at once (a transient view)."""
-        handle = self.handle(h)
         t = self.s.wrap(handle, *self.view_range(handle, off, n, aligned))
         if not keep and t is not None:
             self.s.drop(t)
@@ -326,14 +401,15 @@ class BridgeMachine(RuleBasedStateMachine):
         self.s.derive(t, kind)
         self.s.drop(t)
 
-    @precondition(lambda self: self.s.handles and len(self.s.tensors) < MAX_TENSORS)
-    @rule(h=index, off=index, n=index, kind=derivation, restart=st.booleans(), fails=fault)
-    def free_while_derived_pins(self, h: int, off: int, n: int, kind: str, restart: bool, fails: bool) -> None:
+    @precondition(lambda self: len(self.s.tensors) < MAX_TENSORS)
+    @rule(handle=handles, off=index, n=index, kind=derivation, restart=st.booleans(), fails=fault)
+    def free_while_derived_pins(
+        self, handle: DeviceHandle, off: int, n: int, kind: str, restart: bool, fails: bool
+    ) -> None:
         """A view whose only live tensor is a derived one when the allocation is freed (or the
         worker restarts): the release is deferred while it lives (the fake refuses a free of
         memory a tensor reaches); dropping it releases the memory on the next bridge call (a
         release that may be made to fail: reported by that poll)."""
-        handle = self.handle(h)
         t = self.s.wrap(handle, *self.view_range(handle, off, n, aligned=True))
         if t is None:
             return
@@ -343,7 +419,7 @@ class BridgeMachine(RuleBasedStateMachine):
         if restart:
             self.restart()
         else:
-            self.free(h)
+            self.free(handle)
         self.arm_free_fault(fails)
         self.s.check()
         self.s.drop(d)
@@ -394,10 +470,8 @@ class BridgeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ bad calls
 
-    @precondition(lambda self: self.s.handles)
-    @rule(h=index, op=st.sampled_from(["free", "compute", "state", "wrap"]))
-    def foreign_handle(self, h: int, op: str) -> None:
-        handle = self.handle(h)
+    @rule(handle=handles, op=st.sampled_from(["free", "compute", "state", "wrap"]))
+    def foreign_handle(self, handle: DeviceHandle, op: str) -> None:
         forged = DeviceHandle(handle.id, handle.generation, handle.extent, handle.spec, owner=-1)
         bridge = self.s.bridge
         calls: dict[str, Callable[[], object]] = {
@@ -413,20 +487,15 @@ class BridgeMachine(RuleBasedStateMachine):
         )
         self.s.expect(Reject(InvalidHandleError.__name__, "HANDLE-1"), calls[op], "bridge." + code.format(arg))
 
-    @precondition(lambda self: self.s.handles and self.s.reservations)
-    @rule(h=index, i=index, extra=st.integers(1, 8))
-    def mismatched_copy(self, h: int, i: int, extra: int) -> None:
-        handle = self.handle(h)
-        src = self.s.reservations[i % len(self.s.reservations)]
+    @rule(handle=handles, src=reservations, extra=st.integers(1, 8))
+    def mismatched_copy(self, handle: DeviceHandle, src: HostRange, extra: int) -> None:
         assume(src.nbytes + extra <= handle.extent)
         dst = DeviceRange(handle, 0, src.nbytes + extra)
         code = f"bridge.host_to_device({self.s.rname(src)}, DeviceRange(h{handle.id}, 0, {dst.nbytes}))"
         self.s.expect(Reject(RangeError.__name__, "H2D-1"), lambda: self.s.bridge.host_to_device(src, dst), code)
 
-    @precondition(lambda self: self.s.handles)
-    @rule(h=index, over=st.integers(1, 4))
-    def out_of_bounds(self, h: int, over: int) -> None:
-        handle = self.handle(h)
+    @rule(handle=handles, over=st.integers(1, 4))
+    def out_of_bounds(self, handle: DeviceHandle, over: int) -> None:
         n = handle.extent + over
         self.s.expect(
             Reject(RangeError.__name__, "RANGE-1"),
@@ -434,12 +503,10 @@ class BridgeMachine(RuleBasedStateMachine):
             f"DeviceRange(h{handle.id}, 0, {n})",
         )
 
-    @precondition(lambda self: self.s.handles)
-    @rule(h=index, over=st.integers(1, 4), off=st.sampled_from([0, 0, 1, 4, 8, 12, 16]))
-    def invalid_view(self, h: int, over: int, off: int) -> None:
+    @rule(handle=handles, over=st.integers(1, 4), off=st.sampled_from([0, 0, 1, 4, 8, 12, 16]))
+    def invalid_view(self, handle: DeviceHandle, over: int, off: int) -> None:
         """A view past the extent, maybe at an unaligned offset too: VIEW-2 (the model says
         USE-1 or GEN-2 first for a dead allocation)."""
-        handle = self.handle(h)
         assert self.s.wrap(handle, off, handle.extent + over - off if off < handle.extent else over) is None
 
     @precondition(lambda self: self.s.handles)
@@ -481,34 +548,11 @@ class BridgeMachine(RuleBasedStateMachine):
     def inv0_steps(self) -> None:  # not a check: counts the steps for the coverage report
         COVERAGE.steps += 1
 
-    @invariant()
-    def inv1_counts(self) -> None:
-        self.s.check_invariant("INV-COUNTS")
-
-    @invariant()
-    def inv2_no_free_in_use(self) -> None:
-        self.s.check_invariant("INV-NO-FREE-IN-USE")
-
-    @invariant()
-    def inv3_free_once(self) -> None:
-        self.s.check_invariant("INV-FREE-ONCE")
-
-    @invariant()
-    def inv4_cursor(self) -> None:
-        self.s.check_invariant("INV-CURSOR")
-
-    @invariant()
-    def inv5_output(self) -> None:
-        self.s.check_invariant("INV-OUTPUT")
-
-    @invariant()
-    def inv6_exact(self) -> None:
-        self.s.check_invariant("INV-EXACT")
-
-    @invariant()
-    def inv7_generation(self) -> None:
-        self.s.check_invariant("INV-GENERATION")
-
-    @invariant()
-    def inv8_quiescent(self) -> None:
-        self.s.check_invariant("INV-QUIESCENT")
+    inv1_counts = checks("inv1_counts", "INV-COUNTS")
+    inv2_no_free_in_use = checks("inv2_no_free_in_use", "INV-NO-FREE-IN-USE")
+    inv3_free_once = checks("inv3_free_once", "INV-FREE-ONCE")
+    inv4_cursor = checks("inv4_cursor", "INV-CURSOR")
+    inv5_output = checks("inv5_output", "INV-OUTPUT")
+    inv6_exact = checks("inv6_exact", "INV-EXACT")
+    inv7_generation = checks("inv7_generation", "INV-GENERATION")
+    inv8_quiescent = checks("inv8_quiescent", "INV-QUIESCENT")

@@ -199,86 +199,93 @@ def _settle(bridge: Bridge) -> None:
     bridge.poll()
 
 
+Run = Callable[[Bridge, HostRing, DeviceRange, int], "str | None"]
+
+
+def _every_run(wrong_means: str, run: Run) -> None:
+    """`run(bridge, ring, dev, k)` for VIEW_RUNS runs k on one view; it says what run k got
+    wrong (None: nothing). Asserts that no run went wrong; `wrong_means` reads after "N of M"."""
+    bridge, ring, dev = _view_setup()
+    wrong = []
+    for k in range(VIEW_RUNS):
+        if (bad := run(bridge, ring, dev, k)) is not None:
+            wrong.append(f"run {k}: {bad}")
+        _settle(bridge)
+    assert not wrong, f"{len(wrong)} of {VIEW_RUNS} {wrong_means} ({wrong[0]})"
+
+
+def _unless(got: bytes, want: int) -> str | None:
+    """None if every byte of `got` is `want`, else what it holds."""
+    return None if got == bytes([want]) * len(got) else _describe(got, want)
+
+
+def _async_read(bridge: Bridge, ring: HostRing, dev: DeviceRange, before: Callable[[], object] = lambda: None) -> bytes:
+    """An async read of `dev`, `before()` issued right after it, then the bytes it read."""
+    out = ring.reserve(N)
+    read = bridge.device_to_host(dev, out, sync=False)
+    before()
+    read.wait(timeout=30)
+    got = bytes(ring.view(out))
+    ring.release(out)
+    return got
+
+
 @pytest.mark.holds("ORDER-1")
 def test_compute_after_async_write_sees_the_copied_bytes() -> None:
     """RAW into compute: a kernel on a view, run in a compute block issued right after an async
     write of the same bytes, reads the written bytes (view + 1 == pattern + 1)."""
-    bridge, ring, dev = _view_setup()
-    wrong, first_bad = 0, ""
-    for k in range(VIEW_RUNS):
+
+    def run(bridge: Bridge, ring: HostRing, dev: DeviceRange, k: int) -> str | None:
         value = (7 * k) % 256  # differs from the previous run's result, 7k - 6
         write = bridge.host_to_device(_filled(ring, value), dev, sync=False)
         _compute(bridge, dev, lambda v: v + 1)
         write.wait(timeout=30)
-        want = (value + 1) % 256
-        got = _read(bridge, ring, dev)
-        if got != bytes([want]) * N:
-            wrong += 1
-            first_bad = first_bad or f"run {k}: {_describe(got, want)}"
-        _settle(bridge)
-    assert wrong == 0, f"{wrong} of {VIEW_RUNS} computes did not see the async write before them ({first_bad})"
+        return _unless(_read(bridge, ring, dev), (value + 1) % 256)
+
+    _every_run("computes did not see the async write before them", run)
 
 
 @pytest.mark.holds("ORDER-1")
 def test_compute_write_after_async_write_lands_last() -> None:
     """WAW with compute: a kernel writing the view, issued right after an async write of the same
     bytes, leaves its own bytes."""
-    bridge, ring, dev = _view_setup()
-    wrong, first_bad = 0, ""
-    for k in range(VIEW_RUNS):
+
+    def run(bridge: Bridge, ring: HostRing, dev: DeviceRange, k: int) -> str | None:
         copied, computed = k % 250, 250 + k % 4
         write = bridge.host_to_device(_filled(ring, copied), dev, sync=False)
         _compute(bridge, dev, _const(computed))
         write.wait(timeout=30)
-        got = _read(bridge, ring, dev)
-        if got != bytes([computed]) * N:
-            wrong += 1
-            first_bad = first_bad or f"run {k}: {_describe(got, computed)}"
-        _settle(bridge)
-    assert wrong == 0, f"{wrong} of {VIEW_RUNS} compute writes were undone by the async write before them ({first_bad})"
+        return _unless(_read(bridge, ring, dev), computed)
+
+    _every_run("compute writes were undone by the async write before them", run)
 
 
 @pytest.mark.holds("ORDER-1")
 def test_async_read_after_compute_sees_the_computed_bytes() -> None:
     """RAW from compute: an async read issued right after a compute block that wrote the view
     returns the computed bytes."""
-    bridge, ring, dev = _view_setup()
-    wrong, first_bad = 0, ""
-    for k in range(VIEW_RUNS):
+
+    def run(bridge: Bridge, ring: HostRing, dev: DeviceRange, k: int) -> str | None:
         computed = 250 + k % 4
         _compute(bridge, dev, _const(computed))
-        out = ring.reserve(N)
-        bridge.device_to_host(dev, out, sync=False).wait(timeout=30)
-        got = bytes(ring.view(out))
-        ring.release(out)
-        if got != bytes([computed]) * N:
-            wrong += 1
-            first_bad = first_bad or f"run {k}: {_describe(got, computed)}"
-        _settle(bridge)
-    assert wrong == 0, f"{wrong} of {VIEW_RUNS} async reads did not see the compute before them ({first_bad})"
+        return _unless(_async_read(bridge, ring, dev), computed)
+
+    _every_run("async reads did not see the compute before them", run)
 
 
 @pytest.mark.holds("ORDER-1")
 def test_async_read_then_compute_write_reads_old_bytes() -> None:
     """WAR with compute: an async read issued before a compute block that writes the same bytes
     returns the bytes from before the compute."""
-    bridge, ring, dev = _view_setup()
-    wrong, first_bad = 0, ""
-    for k in range(VIEW_RUNS):
+
+    def run(bridge: Bridge, ring: HostRing, dev: DeviceRange, k: int) -> str | None:
         old, computed = k % 250, 250 + k % 4
         bridge.host_to_device(_filled(ring, old), dev, sync=True)
-        out = ring.reserve(N)
-        read = bridge.device_to_host(dev, out, sync=False)
-        _compute(bridge, dev, _const(computed))
-        read.wait(timeout=30)
-        got = bytes(ring.view(out))
-        ring.release(out)
-        final = _read(bridge, ring, dev)
-        if got != bytes([old]) * N or final != bytes([computed]) * N:
-            wrong += 1
-            first_bad = first_bad or f"run {k}: read {_describe(got, old)}; final {_describe(final, computed)}"
-        _settle(bridge)
-    assert wrong == 0, f"{wrong} of {VIEW_RUNS} async reads saw the compute issued after them ({first_bad})"
+        got = _async_read(bridge, ring, dev, lambda: _compute(bridge, dev, _const(computed)))
+        read, final = _unless(got, old), _unless(_read(bridge, ring, dev), computed)
+        return None if read is None and final is None else f"read {read}; final {final}"
+
+    _every_run("async reads saw the compute issued after them", run)
 
 
 @pytest.mark.holds("ORDER-1")
@@ -286,22 +293,18 @@ def test_compute_read_then_async_write_reads_old_bytes() -> None:
     """WAR into compute: a kernel reading the view, in a compute block issued before an async write
     of the same bytes, reads the bytes from before the write. (On tinygrad's CPU device realize()
     returns after the kernel ran, so today only an ordering fix that defers compute can break it.)"""
-    bridge, ring, dev = _view_setup()
-    wrong, first_bad = 0, ""
-    for k in range(VIEW_RUNS):
+
+    def run(bridge: Bridge, ring: HostRing, dev: DeviceRange, k: int) -> str | None:
         old, new = k % 250, (k + 128) % 250
         bridge.host_to_device(_filled(ring, old), dev, sync=True)
         result = _compute(bridge, dev, lambda v: v + 1, assign=False)
-        write = bridge.host_to_device(_filled(ring, new), dev, sync=False)
-        write.wait(timeout=30)
+        bridge.host_to_device(_filled(ring, new), dev, sync=False).wait(timeout=30)
         got = result.numpy().tobytes()
         del result
-        final = _read(bridge, ring, dev)
-        if got != bytes([old + 1]) * N or final != bytes([new]) * N:
-            wrong += 1
-            first_bad = first_bad or f"run {k}: compute {_describe(got, old + 1)}; final {_describe(final, new)}"
-        _settle(bridge)
-    assert wrong == 0, f"{wrong} of {VIEW_RUNS} computes read the async write issued after them ({first_bad})"
+        computed, final = _unless(got, old + 1), _unless(_read(bridge, ring, dev), new)
+        return None if computed is None and final is None else f"compute {computed}; final {final}"
+
+    _every_run("computes read the async write issued after them", run)
 
 
 def test_view_results_are_exact() -> None:
