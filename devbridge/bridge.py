@@ -261,7 +261,8 @@ class Bridge:
             self._drain()
             key, record = self._resolve(handle)
             self._core.check([key], "compute_begin")
-            assert record is not None, "the core refuses dead allocations"
+            if record is None:  # the check refuses a dead allocation; should it not, still no crash
+                raise self._core.dead(*key, "compute_begin")
             if type(view) is not TensorViewSpec:
                 raise InvalidViewError("VIEW-2", f"wrap_for_tinygrad needs a TensorViewSpec, got {short(view)}")
             spec = record.spec
@@ -454,7 +455,8 @@ class Bridge:
         if host.nbytes != nbytes:
             raise RangeError(rule, f"host range is {host.nbytes} B but device range is {nbytes} B")
         self._core.check([key], "copy_begin")
-        assert record is not None, "the core refuses dead allocations"
+        if record is None:  # the check refuses a dead allocation; should it not, still no crash
+            raise self._core.dead(*key, "copy_begin")
         return key, record
 
     def _first_status(self, token: object, sync: bool) -> Status | None:

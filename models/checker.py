@@ -237,17 +237,11 @@ def apply(s: Lockstep, action: Action) -> None:
     elif kind == "raw":
         _, a, event = action
         h = s.handles[a]
-        core = s.bridge._core
-        code = f"bridge._core.fire({h.id}, {h.generation}, {event!r})"
-        if event == "restart":
-            s.emit(code)
-            core.fire(h.id, h.generation, event)
-        else:
-            s.expect(Reject("LifecycleError", "EVENT-1"), lambda: core.fire(h.id, h.generation, event), code)
+        fire = s.act(s.bridge._core, "fire", h.id, h.generation, event)
+        s.expect(None if event == "restart" else Reject("LifecycleError", "EVENT-1"), fire)
     elif kind == "oob":
         h = s.handles[action[1]]
-        code = f"DeviceRange(h{h.id}, 0, {h.extent + 1})"
-        s.expect(Reject("RangeError", "RANGE-1"), lambda: DeviceRange(h, 0, h.extent + 1), code)
+        s.expect(Reject("RangeError", "RANGE-1"), s.act(DeviceRange, None, h, 0, h.extent + 1))
     else:
         raise ValueError(f"unknown action {action}")
     s.reconcile()  # events of uses the model ended on its own settle now (as check() would)

@@ -15,8 +15,12 @@ fake's pending events are exactly the submitted uses, settles the events of
 uses the model ended on its own (run by a synchronous call's wait, aborted
 held uses) and compares each device byte with the model's issue-order bytes.
 
-Each call also appends the public-API code it ran, with assertions of the
-model's predictions, to `script`: a failing sequence becomes a runnable test.
+With `record`, each call also appends the public-API code it ran, with
+assertions of the model's predictions, to `script`: a failing sequence becomes
+a runnable test. A call is made as data (`Act`: a target, a method, the
+arguments), so the code it writes is derived from the call it runs
+(`Lockstep.source` names the objects: `h0`, `r1.sub(0, 4)`, `e2`, ...), never
+written beside it by hand.
 """
 
 from __future__ import annotations
@@ -102,7 +106,32 @@ SCRIPT_HEADER = [
 ]
 
 
+class Act:
+    """One call of the public API, kept as its parts: running it and writing it into the
+    rendered test are the same thing (`Lockstep.act` names its objects)."""
+
+    __slots__ = ("args", "code", "kwargs", "method", "target")
+
+    def __init__(
+        self, target: Any, method: str | None, args: tuple[object, ...], kwargs: dict[str, object], code: str
+    ) -> None:
+        self.target, self.method, self.args, self.kwargs, self.code = target, method, args, kwargs, code
+
+    def __call__(self) -> Any:
+        call = self.target if self.method is None else getattr(self.target, self.method)
+        return call(*self.args, **self.kwargs)
+
+    @classmethod
+    def of(cls, call: Callable[[], Any], code: str) -> Act:
+        """What is not one call of the API (a write through a view, a read of one): its source
+        written by hand."""
+        return cls(call, None, (), {}, code)
+
+
 class Lockstep:
+    """Drives the real Bridge (over the fake and a HostRing) and the reference model with the
+    same calls and compares what they do; with `record`, writes the calls as a pytest test."""
+
     def __init__(
         self,
         ring_capacity: int,
@@ -143,6 +172,46 @@ class Lockstep:
         if self.record:
             self.script += [f"    {line}" for line in lines]
 
+    def source(self, value: object) -> str:
+        """How the rendered test names `value`: the test's own objects by name, values it built
+        by the expression that builds them, anything else by repr."""
+        named = {
+            id(self.bridge): "bridge",
+            id(self.ring): "ring",
+            id(self.fake): "fake",
+            id(self.bridge._core): "bridge._core",
+        }
+        if id(value) in named:
+            return named[id(value)]
+        if isinstance(value, DeviceHandle):
+            h = f"h{value.id}"
+            if any(value is issued for issued in self.handles):
+                return h
+            return f"DeviceHandle({h}.id, {h}.generation, {h}.extent, {h}.spec, owner={value.owner!r})"  # forged
+        if isinstance(value, HostRange):
+            return (
+                self.rname(value)
+                if value.ring is self.ring and self._reserved(value)
+                else (f"HostRange(ring, {value.start}, {value.nbytes})")
+            )
+        if isinstance(value, DeviceRange):
+            return f"DeviceRange(h{value.handle.id}, {value.offset}, {value.nbytes})"
+        if isinstance(value, TensorViewSpec):
+            return f"TensorViewSpec({value.shape!r}, {value.dtype!r}, {value.offset})"
+        if isinstance(value, ObjectSpec):
+            return f"ObjectSpec({value.name!r}, {value.dtype!r})"
+        if isinstance(value, Event):
+            return f"e{value.use_id}"
+        if isinstance(value, type):
+            return value.__name__
+        return repr(value)
+
+    def act(self, target: Any, method: str | None, *args: object, **kwargs: object) -> Act:
+        """`target.method(*args, **kwargs)` (`target(...)` without a method), to run and to render."""
+        head = self.source(target) + ("" if method is None else f".{method}")
+        parts = [self.source(a) for a in args] + [f"{k}={self.source(v)}" for k, v in kwargs.items()]
+        return Act(target, method, args, kwargs, f"{head}({', '.join(parts)})")
+
     def snapshot(self) -> object:
         return (
             self.bridge.stats(),
@@ -151,9 +220,12 @@ class Lockstep:
             self.fake.snapshot(),
         )
 
-    def expect(self, outcome: object, call: Callable[[], Any], code: str, unchanged: bool = True) -> Any:
-        """Run `call` (whose source is `code`); a model refusal must raise its error and change nothing
-        (but what a synchronous call ran before it was refused: `unchanged` is then False)."""
+    def expect(self, outcome: object, act: Act, unchanged: bool = True, then: str | None = "{}") -> Any:
+        """Run `act`; a model refusal must raise its error and change nothing (but what a
+        synchronous call ran before it was refused: `unchanged` is then False). The rendered test
+        gets `then` with the call in it when the model says it succeeds (None: no line), and a
+        `pytest.raises` block when it says it fails."""
+        call, code = act, act.code
         if self.replaying:  # this step was compared when first taken: run it, skip the comparisons
             try:
                 return call()
@@ -176,6 +248,8 @@ class Lockstep:
             if before is not None:
                 agree(self.snapshot() == before, "unchanged", "a rejected call changed something")
             return None
+        if then is not None:
+            self.emit(then.format(code))
         try:
             return call()
         except BridgeError as e:
@@ -184,6 +258,9 @@ class Lockstep:
     @staticmethod
     def span(r: HostRange) -> range:
         return range(r.start, r.end)
+
+    def _reserved(self, r: HostRange) -> bool:
+        return any(res.start <= r.start and r.end <= res.end for res in self.reservations)
 
     def rname(self, r: HostRange) -> str:
         """Source code naming `r` as a sub-range of one of the reservations."""
@@ -219,27 +296,18 @@ class Lockstep:
         if fails:
             self.fake.fail_next("alloc")  # alloc always reaches the backend
             self.emit('fake.fail_next("alloc")')
-        code = f"bridge.alloc_device(ObjectSpec('blob', 'uint8'), {extent})"
-        if isinstance(outcome, int):
-            self.emit(f"h{outcome} = {code}")
-        h: DeviceHandle | None = self.expect(outcome, lambda: self.bridge.alloc_device(U8, extent), code)
+        act = self.act(self.bridge, "alloc_device", U8, extent)
+        h: DeviceHandle | None = self.expect(outcome, act, then=f"h{outcome} = {{}}")
         if h is not None:
             agree(h.id == outcome == len(self.handles), "alloc", f"handle #{h.id}, the model's #{outcome}")
             self.handles.append(h)
         return h
 
     def free(self, h: DeviceHandle) -> None:
-        outcome = self.model.free(h.id)
-        code = f"bridge.free_device(h{h.id})"
-        if outcome is None:
-            self.emit(code)
-        self.expect(outcome, lambda: self.bridge.free_device(h), code)
+        self.expect(self.model.free(h.id), self.act(self.bridge, "free_device", h))
 
     def restart(self) -> None:
-        outcome = self.model.restart()
-        if outcome is None:
-            self.emit("bridge.restart()")
-        self.expect(outcome, self.bridge.restart, "bridge.restart()")
+        self.expect(self.model.restart(), self.act(self.bridge, "restart"))
 
     def arm_free_fault(self) -> None:
         """The next backend free fails (whichever allocation it is for, whenever it happens)."""
@@ -251,17 +319,13 @@ class Lockstep:
         """bridge.poll() after `finished` uses ended since the last bridge call (views dropped,
         events failed by a query): returns that count, or reports deferred frees that failed."""
         outcome = self.model.poll(finished)
-        if isinstance(outcome, int):
-            self.emit(f"assert bridge.poll() == {outcome}")
-        got = self.expect(outcome, self.bridge.poll, "bridge.poll()")
+        got = self.expect(outcome, self.act(self.bridge, "poll"), then=f"assert {{}} == {outcome}")
         if isinstance(outcome, int):
             agree(got == outcome, "poll", f"bridge.poll() processed {got} uses, the model says {outcome}")
 
     def reserve(self, n: int) -> HostRange | None:
         outcome = self.model.reserve(n)
-        if isinstance(outcome, range):
-            self.emit(f"r{len(self.reservations)} = ring.reserve({n})")
-        r = self.expect(outcome, lambda: self.ring.reserve(n), f"ring.reserve({n})")
+        r = self.expect(outcome, self.act(self.ring, "reserve", n), then=f"r{len(self.reservations)} = {{}}")
         if r is not None:
             ok = isinstance(outcome, range) and (r.start, r.end) == (outcome.start, outcome.stop)
             agree(ok, "reserve", f"reserved {r}, the model says {outcome}")
@@ -296,9 +360,7 @@ class Lockstep:
             agree(view.readonly is False, "readonly", f"host bytes {r} no input copy reads are read-only")
             view[:] = data
 
-        if outcome is None:
-            self.emit(code)
-        self.expect(outcome, write, code)
+        self.expect(outcome, Act.of(write, code))
         if outcome is None:
             self.model.write_host(self.span(r), data)
 
@@ -306,29 +368,20 @@ class Lockstep:
         outcome = self.model.view_rejection(self.span(r))
         code = f"bytes(ring.view({self.rname(r)}))"
         expected = self.model.read_host(self.span(r)) if outcome is None else b""
-        if outcome is None:
-            self.emit(f"assert {code} == {expected!r}")
-        got = self.expect(outcome, lambda: bytes(self.ring.view(r)), code)
+        got = self.expect(outcome, Act.of(lambda: bytes(self.ring.view(r)), code), then=f"assert {{}} == {expected!r}")
         if outcome is None:
             agree(got == expected, "host-bytes", f"{code} is {got!r}, the model says {expected!r}")
 
     def released(self, start: int, n: int) -> None:
         """ring.released of any range, reserved or not (bytes never reserved: RING-1)."""
         outcome = self.model.released(range(start, start + n))
-        r = HostRange(self.ring, start, n)
-        code = f"ring.released(HostRange(ring, {start}, {n}))"
+        act = self.act(self.ring, "released", HostRange(self.ring, start, n))
+        got = self.expect(outcome, act, then=f"assert {{}} is {outcome}")
         if isinstance(outcome, bool):
-            self.emit(f"assert {code} is {outcome}")
-        got = self.expect(outcome, lambda: self.ring.released(r), code)
-        if isinstance(outcome, bool):
-            agree(got is outcome, "release-status", f"{code} is {got}, the model says {outcome}")
+            agree(got is outcome, "release-status", f"{act.code} is {got}, the model says {outcome}")
 
     def release(self, r: HostRange) -> None:
-        outcome = self.model.release(self.span(r))
-        code = f"ring.release({self.rname(r)})"
-        if outcome is None:
-            self.emit(code)
-        self.expect(outcome, lambda: self.ring.release(r), code)
+        self.expect(self.model.release(self.span(r)), self.act(self.ring, "release", r))
 
     def host_to_device(
         self,
@@ -342,13 +395,10 @@ class Lockstep:
         at_once: bool = False,
     ) -> None:
         outcome = self.model.host_to_device(self.span(src), h.id, d_off, sync, fails, release, at_once)
-        dst = DeviceRange(h, d_off, src.nbytes)
-        code = (
-            f"bridge.host_to_device({self.rname(src)}, DeviceRange(h{h.id}, {d_off}, {src.nbytes}), "
-            f"sync={sync}, release={release})"
+        act = self.act(
+            self.bridge, "host_to_device", src, DeviceRange(h, d_off, src.nbytes), sync=sync, release=release
         )
-        call = lambda: self.bridge.host_to_device(src, dst, sync=sync, release=release)  # noqa: E731
-        self._copy("copy_in", outcome, call, code, sync, lost, at_once)
+        self._copy("copy_in", outcome, act, sync, lost, at_once)
 
     def device_to_host(
         self,
@@ -361,15 +411,10 @@ class Lockstep:
         at_once: bool = False,
     ) -> None:
         outcome = self.model.device_to_host(h.id, d_off, self.span(dst), sync, fails, at_once)
-        src = DeviceRange(h, d_off, dst.nbytes)
-        code = f"bridge.device_to_host(DeviceRange(h{h.id}, {d_off}, {dst.nbytes}), {self.rname(dst)}, sync={sync})"
-        self._copy(
-            "copy_out", outcome, lambda: self.bridge.device_to_host(src, dst, sync=sync), code, sync, lost, at_once
-        )
+        act = self.act(self.bridge, "device_to_host", DeviceRange(h, d_off, dst.nbytes), dst, sync=sync)
+        self._copy("copy_out", outcome, act, sync, lost, at_once)
 
-    def _copy(
-        self, op: str, outcome: object, call: Callable[[], Event], code: str, sync: bool, lost: bool, at_once: bool
-    ) -> None:
+    def _copy(self, op: str, outcome: object, act: Act, sync: bool, lost: bool, at_once: bool) -> None:
         """With `lost`, the backend's query of an accepted asynchronous copy, right after it is
         submitted, fails: the copy returns an event that is already done and failed (a held copy
         is queried only once launched: nothing is lost then). With `at_once`, the fake finishes
@@ -384,10 +429,8 @@ class Lockstep:
         if at_once:
             self.emit("fake.finish_at_once = True")
             self.fake.finish_at_once = True
-        if isinstance(outcome, int):
-            self.emit(f"e{outcome} = {code}")
         try:
-            event = self.expect(outcome, call, code, unchanged=not self.model.ran)
+            event = self.expect(outcome, act, unchanged=not self.model.ran, then=f"e{outcome} = {{}}")
         finally:
             self.fake.finish_at_once = False
         if at_once:
@@ -405,10 +448,8 @@ class Lockstep:
         if self.model.armed:
             self.fake.fail_next("compute")
             self.emit('fake.fail_next("compute")')
-        code = f"bridge.compute({', '.join(f'h{h.id}' for h in handles)})"
-        if isinstance(outcome, int):
-            self.emit(f"e{outcome} = {code}")
-        event = self.expect(outcome, lambda: self.bridge.compute(*handles), code, unchanged=not self.model.ran)
+        act = self.act(self.bridge, "compute", *handles)
+        event = self.expect(outcome, act, unchanged=not self.model.ran, then=f"e{outcome} = {{}}")
         if not isinstance(outcome, int):
             return None
         self.track(outcome, event)
@@ -437,11 +478,8 @@ class Lockstep:
         if isinstance(outcome, Fail):  # the call reaches the backend: arm its fault
             self.fake.fail_next("view")
             self.emit('fake.fail_next("view")')
-        view = TensorViewSpec((d_n,), "uint8", d_off)
-        code = f"bridge.wrap_for_tinygrad(h{h.id}, TensorViewSpec(({d_n},), 'uint8', {d_off}))"
-        if isinstance(outcome, int):
-            self.emit(f"t{outcome} = {code}")
-        tensor = self.expect(outcome, lambda: self.bridge.wrap_for_tinygrad(h, view), code)
+        act = self.act(self.bridge, "wrap_for_tinygrad", h, TensorViewSpec((d_n,), "uint8", d_off))
+        tensor = self.expect(outcome, act, then=f"t{outcome} = {{}}")
         if not isinstance(outcome, int):
             return None
         self.tensors[outcome] = tensor
@@ -507,7 +545,7 @@ class Lockstep:
         self.fake.fail_next("wait")
         expected = self.model.finish(use, failed=True)
         assert expected is not None
-        self.expect(Fail(*expected), lambda: event.wait(timeout=1), f"e{use}.wait(timeout=1)")
+        self.expect(Fail(*expected), self.act(event, "wait", timeout=1))
         self.settled(use, event, expected)
 
     def wait(self, use: int) -> None:
@@ -516,17 +554,14 @@ class Lockstep:
         event = self.pending[use]
         while use in self.model.uses:
             self.model._run_before_use(use)
-        expected = self.model.outcomes[use]
-        code = f"e{use}.wait(timeout=5)"  # runs what it follows, oldest first, then itself
-        if expected is None:
-            self.emit(code)
-        self.expect(None if expected is None else Fail(*expected), lambda: event.wait(timeout=5), code)
+        expected = self.model.outcomes[use]  # it runs what it follows, oldest first, then itself
+        self.expect(None if expected is None else Fail(*expected), self.act(event, "wait", timeout=5))
         self.settled(use, self.pending.pop(use), expected)
 
     def wait_times_out(self, use: int) -> None:
         """Waiting no time on a pending event: WaitTimeoutError (WAIT-1), nothing changes."""
         event = self.pending[use]
-        self.expect(Reject("WaitTimeoutError", "WAIT-1"), lambda: event.wait(timeout=0), f"e{use}.wait(timeout=0)")
+        self.expect(Reject("WaitTimeoutError", "WAIT-1"), self.act(event, "wait", timeout=0))
 
     def settled(self, use: int, event: Event, expected: tuple[str, str] | None) -> None:
         agree(event.done(), "event", f"use #{use} is not done; the model ended it (ORDER-1: waited for, or aborted)")

@@ -249,6 +249,16 @@ class LifecycleCore:
                     f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}",
                 )
 
+    def dead(self, alloc_id: int, generation: int, event: str) -> BridgeError:
+        """The refusal of `event` on an allocation whose record is gone (freed or stale), read
+        from the table: what a caller raises where its check should have refused already."""
+        state = self.state(alloc_id, generation)
+        rule = self._table.lookup(state, event, 0, 0).rule
+        assert rule is not None, f"the spec refuses {event} in {state}"  # validated: terminal states refuse uses
+        return self._errors[rule](
+            rule, f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}"
+        )
+
     def failure(self, when: str, detail: str) -> BridgeError:
         """The error a use that did not succeed reports (`when`: its kind, or "aborted"), with
         the rule the spec's `failures` name."""
@@ -305,9 +315,8 @@ class LifecycleCore:
         nothing): its begin and its end as one step of a composite table built from the spec's
         (the caller checked the begin). Its use id. No effects: nothing is released."""
         record = self._allocations.get(key[0])
-        if record is None:  # dead: the caller's check let it through by mistake; fire() says why
-            self.fire(key[0], key[1], USE_EVENTS[kind][0])
-        assert record is not None
+        if record is None:  # dead: the caller's check let it through by mistake
+            raise self.dead(key[0], key[1], USE_EVENTS[kind][0])
         c, k = level(record.copies), level(record.computes)
         step = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
         if self.observer is not None:  # coverage tools see both spec steps

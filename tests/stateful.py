@@ -33,7 +33,7 @@ from devbridge import (
     TensorViewSpec,
 )
 from devbridge.models.coverage import Coverage
-from devbridge.models.lockstep import DERIVE, Lockstep
+from devbridge.models.lockstep import DERIVE, Act, Lockstep
 from devbridge.models.reference import VIEW_ALIGNMENT, Reject
 from devbridge.statemachine import default_table
 
@@ -48,11 +48,6 @@ derivation = st.sampled_from(sorted(DERIVE))
 
 
 COVERAGE = Coverage(default_table())
-
-
-def fire_code(handle: DeviceHandle, event: str) -> str:
-    """Source code sending a raw spec event to the core (for `Lockstep.script`)."""
-    return f"bridge._core.fire({handle.id}, {handle.generation}, {event!r})"
 
 
 def checks(name: str, spec_invariant: str) -> Callable[[BridgeMachine], None]:
@@ -288,12 +283,11 @@ class BridgeMachine(RuleBasedStateMachine):
     def probe_end(self, handle: DeviceHandle, event: str) -> None:
         """Send `event` straight to the core if no use of its kind is in flight: EVENT-1."""
         if self.s.stray_end(handle.id, event):
-            core = self.s.bridge._core
-            self.s.expect(
-                Reject(LifecycleError.__name__, "EVENT-1"),
-                lambda: core.fire(handle.id, handle.generation, event),
-                fire_code(handle, event),
-            )
+            self.s.expect(Reject(LifecycleError.__name__, "EVENT-1"), self.fire(handle, event))
+
+    def fire(self, handle: DeviceHandle, event: str) -> Act:
+        """A raw spec event sent straight to the core."""
+        return self.s.act(self.s.bridge._core, "fire", handle.id, handle.generation, event)
 
     @rule(
         handle=handles,
@@ -470,37 +464,22 @@ class BridgeMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ bad calls
 
-    @rule(handle=handles, op=st.sampled_from(["free", "compute", "state", "wrap"]))
+    @rule(handle=handles, op=st.sampled_from(["free_device", "compute", "state", "wrap_for_tinygrad"]))
     def foreign_handle(self, handle: DeviceHandle, op: str) -> None:
         forged = DeviceHandle(handle.id, handle.generation, handle.extent, handle.spec, owner=-1)
-        bridge = self.s.bridge
-        calls: dict[str, Callable[[], object]] = {
-            "free": lambda: bridge.free_device(forged),
-            "compute": lambda: bridge.compute(forged),
-            "state": lambda: bridge.state(forged),
-            "wrap": lambda: bridge.wrap_for_tinygrad(forged, TensorViewSpec((1,), "uint8")),
-        }
-        h0 = f"h{handle.id}"
-        arg = f"DeviceHandle({h0}.id, {h0}.generation, {h0}.extent, {h0}.spec, owner=-1)"
-        code = {"free": "free_device({})", "compute": "compute({})", "state": "state({})"}.get(
-            op, "wrap_for_tinygrad({}, TensorViewSpec((1,), 'uint8'))"
-        )
-        self.s.expect(Reject(InvalidHandleError.__name__, "HANDLE-1"), calls[op], "bridge." + code.format(arg))
+        args = (forged, TensorViewSpec((1,), "uint8")) if op == "wrap_for_tinygrad" else (forged,)
+        self.s.expect(Reject(InvalidHandleError.__name__, "HANDLE-1"), self.s.act(self.s.bridge, op, *args))
 
     @rule(handle=handles, src=reservations, extra=st.integers(1, 8))
     def mismatched_copy(self, handle: DeviceHandle, src: HostRange, extra: int) -> None:
         assume(src.nbytes + extra <= handle.extent)
         dst = DeviceRange(handle, 0, src.nbytes + extra)
-        code = f"bridge.host_to_device({self.s.rname(src)}, DeviceRange(h{handle.id}, 0, {dst.nbytes}))"
-        self.s.expect(Reject(RangeError.__name__, "H2D-1"), lambda: self.s.bridge.host_to_device(src, dst), code)
+        self.s.expect(Reject(RangeError.__name__, "H2D-1"), self.s.act(self.s.bridge, "host_to_device", src, dst))
 
     @rule(handle=handles, over=st.integers(1, 4))
     def out_of_bounds(self, handle: DeviceHandle, over: int) -> None:
-        n = handle.extent + over
         self.s.expect(
-            Reject(RangeError.__name__, "RANGE-1"),
-            lambda: DeviceRange(handle, 0, n),
-            f"DeviceRange(h{handle.id}, 0, {n})",
+            Reject(RangeError.__name__, "RANGE-1"), self.s.act(DeviceRange, None, handle, 0, handle.extent + over)
         )
 
     @rule(handle=handles, over=st.integers(1, 4), off=st.sampled_from([0, 0, 1, 4, 8, 12, 16]))
@@ -515,14 +494,13 @@ class BridgeMachine(RuleBasedStateMachine):
         """Drive the core directly with an event no bridge call would send now: an end
         for a kind of use not in flight (EVENT-1), or a restart of an allocation whose
         record is gone (freed and stale stay dead). Picks among the handles where it applies."""
-        core, model = self.s.bridge._core, self.s.model
+        model = self.s.model
         if event == "restart":
             dead = [x for x in self.s.handles if model.state(x.id) in ("freed", "stale")]
             if dead:
                 handle = dead[h % len(dead)]
                 state = model.state(handle.id)
-                self.s.emit(fire_code(handle, event))
-                core.fire(handle.id, handle.generation, event)
+                self.s.expect(None, self.fire(handle, event))
                 assert self.s.bridge.state(handle) == state
                 return
             event = "copy_end"
@@ -533,11 +511,7 @@ class BridgeMachine(RuleBasedStateMachine):
         if by_state:
             group = by_state[sorted(by_state)[t % len(by_state)]]
             handle = group[h % len(group)]
-            self.s.expect(
-                Reject(LifecycleError.__name__, "EVENT-1"),
-                lambda: core.fire(handle.id, handle.generation, event),
-                fire_code(handle, event),
-            )
+            self.s.expect(Reject(LifecycleError.__name__, "EVENT-1"), self.fire(handle, event))
 
     # ------------------------------------------------------------ invariants
 

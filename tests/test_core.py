@@ -7,7 +7,18 @@ from unittest import mock
 import pytest
 from rules import refused
 
-from devbridge import LifecycleError
+from devbridge import (
+    Bridge,
+    BridgeError,
+    DeviceRange,
+    HostRing,
+    InvalidHandleError,
+    LifecycleError,
+    ObjectSpec,
+    StaleHandleError,
+    TensorViewSpec,
+)
+from devbridge.backends.fake import FakeBackend
 from devbridge.statemachine import LifecycleCore
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 
@@ -186,3 +197,31 @@ def test_a_use_of_a_dead_allocation_whose_check_was_bypassed_does_not_crash_the_
     with mock.patch.object(LifecycleCore, "check", lambda self, handles, event: None):
         use = core.begin("compute", [(record.id, 0)])
     assert use.allocations == (record.id,) and core.conflicts("compute", [(record.id, 0)]) == []
+
+
+@pytest.mark.parametrize(
+    ("restart", "error", "rule"), [(False, InvalidHandleError, "USE-1"), (True, StaleHandleError, "GEN-2")]
+)
+def test_a_dead_allocation_past_a_bypassed_check_is_still_refused_with_the_rule(
+    restart: bool, error: type[BridgeError], rule: str
+) -> None:
+    """Defence in depth: with the core's check bypassed (a bug elsewhere), the bridge and the
+    core refuse a dead allocation with the table's rule (not an `assert`, which `python -O`
+    would drop, leaving an AttributeError on None)."""
+    fake, ring = FakeBackend(), HostRing(64)
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(ObjectSpec("blob", "uint8"), 8)
+    bridge.restart() if restart else bridge.free_device(h)
+    src = ring.reserve(8)
+    calls = [
+        lambda: bridge.host_to_device(src, DeviceRange(h, 0, 8)),
+        lambda: bridge.wrap_for_tinygrad(h, TensorViewSpec((8,), "uint8")),
+    ]
+    with mock.patch.object(LifecycleCore, "check", lambda self, handles, event: None):
+        for call in calls:
+            with pytest.raises(error) as raised:
+                call()
+            assert raised.value.rule == rule
+        with pytest.raises(error, match=rf"\[{rule}\] copy_begin rejected: allocation #0 \(generation 0\) is "):
+            bridge._core.instant("copy_in", (h.id, h.generation))
+    assert fake.ops() == ["alloc", "free"]
