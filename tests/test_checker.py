@@ -164,3 +164,25 @@ def test_cli_exits_non_zero_and_writes_the_counterexample(tmp_path: Path, capsys
     assert "shortest counterexample (2 steps): alloc:False -> restart:False" in text
     assert "def test_counterexample():" in out.read_text()
     run_source(out.read_text())
+
+
+def test_a_rendered_test_quotes_bytes_with_braces_and_runs() -> None:
+    """Regression: the line a call writes was made with str.format, so bytes with braces in
+    them (b'{x}}') raised ValueError from the harness instead of rendering."""
+    from devbridge.models.lockstep import Lockstep
+
+    s = Lockstep(64, record=True)
+    s.alloc(8, False)
+    r = s.reserve(4)
+    assert r is not None
+    s.fill(r, b"{x}}")
+    s.read(r)
+    s.host_to_device(r, s.handles[0], 0, sync=True, fails=False)
+    s.check()
+    at = s.script.index("    ring.view(r0)[:] = b'{x}}'")
+    assert s.script[at : at + 3] == [
+        "    ring.view(r0)[:] = b'{x}}'",
+        "    assert bytes(ring.view(r0)) == b'{x}}'",
+        "    e0 = bridge.host_to_device(r0, DeviceRange(h0, 0, 4), sync=True, release=True)",
+    ]
+    run_source(s.test_source())
