@@ -275,8 +275,13 @@ class Lockstep:
         return not kinds & {self.model.uses[u].kind for u in self.model.allocs[alloc_id].uses}
 
     def track(self, use: int, event: Event) -> None:
+        """The event a call returned: pending exactly when the model has its use in flight."""
         agree(event.use_id == use, "use-id", f"event of use #{event.use_id}, the model's #{use}")
-        if not event.done():
+        done, in_flight = event.done(), use in self.model.uses
+        self.emit(f"assert {'not ' if in_flight else ''}e{use}.done()")
+        agree(done != in_flight, "pending", f"use #{use} returned {'done' if done else 'pending'}, the model says "
+              f"{'in flight' if in_flight else 'ended'}")  # fmt: skip
+        if not done:
             self.pending[use] = event
 
     def submitted(self) -> list[int]:
