@@ -103,3 +103,17 @@ def test_candidates_read_as_the_coverage_report_prints_them() -> None:
     assert "free_pending --copy_end[no_copy]--> reject EVENT-1" in printed
     assert "computing --compute_end[!last_compute]--> computing" in printed
     assert "freed --free--> reject FREE-2" in printed
+
+
+def test_a_guard_model_reads_no_uses_in_flight_by_default_and_nothing_else() -> None:
+    """The reference Machine's model: its guards default to the counters of a fresh allocation
+    (0 copies, 0 computes); a name that is neither a guard nor an action is an AttributeError."""
+    model = GuardModel()
+    assert model.guards == guard_values(0, 0) == {
+        "last_copy": False, "last_compute": False, "no_copy": True, "no_compute": True,
+    }  # fmt: skip
+    assert model.no_copy() is True and model.last_compute() is False
+    model.release_memory()
+    assert model.actions == ["release_memory"]
+    with pytest.raises(AttributeError, match="not_a_guard"):
+        model.not_a_guard  # noqa: B018
