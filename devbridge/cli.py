@@ -61,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run the reference worker over synthetic objects")
     demo.add_argument("--objects", type=at_least(1), default=1500, help="synthetic objects (default 1500)")
     demo.add_argument("--backend", choices=("fake", "tinygrad"), default="tinygrad")
-    demo.add_argument("--device", default=None, help="tinygrad device (default: tinygrad's default)")
+    demo.add_argument(
+        "--device",
+        default=None,
+        help="tinygrad device (default: tinygrad's default), or several, one bridge each: CPU:0,CPU:1",
+    )
     demo.add_argument(
         "--faults",
         type=probability,
@@ -89,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "demo" and args.device is not None and "," in args.device:
+        return run_devices_command(args)
     backend = open_backend(args)
     if backend is None:
         return 2
@@ -265,6 +271,48 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
             f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
         )
     return 0 if clean else 1
+
+
+def run_devices_command(args: argparse.Namespace) -> int:
+    """`demo --device A,B,...`: one bridge per device in this process (worker.run_devices)."""
+    from tqdm import tqdm
+
+    from devbridge.backends import make_backend
+    from devbridge.errors import InvalidArgumentError
+    from devbridge.worker import run_devices
+
+    devices = args.device.split(",")
+    if args.backend == "fake":
+        return usage_error("demo", "--device names tinygrad devices; the fake backend has none")
+    if len(set(devices)) != len(devices) or not all(devices):
+        return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
+    for device in devices:
+        try:
+            make_backend(args.backend, device)
+        except InvalidArgumentError as e:
+            return usage_error("demo", e.detail)
+    with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
+
+        def progress(done: int) -> None:
+            bar.update(done - bar.n)
+
+        s = run_devices(args.objects, devices, args.backend, args.faults, args.restart_every, args.seed, progress)
+    if args.json:
+        print(json.dumps({**asdict(s), "clean": s.clean}))
+    else:
+        lines = [
+            f"{len(devices)} devices: {s.delivered}/{s.objects} objects in {s.seconds:.1f} s "
+            f"({s.objects_per_s:.0f} objects/s), {s.redone} redone on another device"
+        ]
+        for d in s.devices:
+            lines.append(
+                f"  {d.device}: {d.delivered}/{d.objects} objects in {d.seconds:.1f} s ({d.objects_per_s:.0f} "
+                f"objects/s)  restarts {d.restarts}  faults injected {d.faults_injected}, recovered "
+                f"{d.faults_recovered}" + (f"  gave up: {d.stalled}" if d.stalled else "")
+            )
+        lines.append(f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}")
+        print("\n".join(lines))
+    return 0 if s.clean else 1
 
 
 if __name__ == "__main__":

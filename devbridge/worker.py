@@ -36,7 +36,7 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,16 +168,16 @@ class Producer(threading.Thread):
     def __init__(
         self,
         ring: HostRing,
-        objects: int,
+        ks: Sequence[int],
         seed: int,
         shapes: Shapes,
         space: threading.Condition,
         weights: dict[str, np.ndarray[Any, np.dtype[np.float32]]] | None = None,
     ) -> None:
         super().__init__(daemon=True, name="devbridge-producer")
-        self.ring, self.objects, self.seed, self.shapes, self.space = ring, objects, seed, shapes, space
+        self.ring, self.ks, self.seed, self.shapes, self.space = ring, list(ks), seed, shapes, space
         self.weights = weights if weights is not None else make_weights(seed, shapes)
-        self.xs = [make_input(seed, k, shapes) for k in range(objects)]
+        self.xs = [make_input(seed, k, shapes) for k in self.ks]
         self.answers = [reference_mlp(x, self.weights) for x in self.xs]
         self.ready: deque[tuple[int, HostRange, np.ndarray[Any, Any]]] = deque()  # objects in the ring
         self.arrived = threading.Condition()  # notified as objects are appended to `ready`
@@ -186,7 +186,7 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         nbytes = self.shapes.rows * self.shapes.d_in * 4
-        for k in range(self.objects):
+        for i, k in enumerate(self.ks):
             while True:
                 try:
                     r = self.ring.reserve(nbytes)
@@ -198,9 +198,9 @@ class Producer(threading.Thread):
                     self.blocked_s += time.perf_counter() - start
                     if self.stop.is_set():
                         return
-            self.ring.view(r)[:] = self.xs[k].data.cast("B")
+            self.ring.view(r)[:] = self.xs[i].data.cast("B")
             with self.arrived:
-                self.ready.append((k, r, self.answers[k]))
+                self.ready.append((k, r, self.answers[i]))
                 self.arrived.notify()
 
     def take(self, timeout: float) -> tuple[int, HostRange, np.ndarray[Any, Any]] | None:
@@ -223,8 +223,11 @@ class Worker:
         ring_objects: int = 64,  # the input ring holds 64 objects (256 KiB): the producer refills it in batches
         restart_every: int = 0,
         pump: Callable[[], None] | None = None,
+        ks: Sequence[int] | None = None,
     ) -> None:
-        self.backend, self.objects, self.seed, self.shapes = backend, objects, seed, shapes
+        """`objects` synthetic objects, numbered 0.. (or those of `ks`: a device's share)."""
+        ks = range(objects) if ks is None else ks
+        self.backend, self.objects, self.seed, self.shapes = backend, len(ks), seed, shapes
         self.window, self.restart_every = window, restart_every
         self.pump = pump or (lambda: None)
         self.pumped = pump is not None  # a fake backend's pump completes events: never block for them
@@ -250,6 +253,7 @@ class Worker:
         self.producer_blocked_s = 0.0
         self.peak_live = 0
         self.jobs: list[Job] = []
+        self.since_restart = 0  # objects delivered since the last restart (restart_every)
         self.x_view = TensorViewSpec((shapes.rows, shapes.d_in), "float32")
         self.y_view = TensorViewSpec((shapes.rows, shapes.d_out), "float32")
         self.x_spec = ObjectSpec("x", "float32", role="input", view=self.x_view)
@@ -264,58 +268,75 @@ class Worker:
             r = self.weight_ring.reserve(w.nbytes)
             self.weight_ring.view(r)[:] = w.tobytes()
             self.weight_src[name] = r
-        self.producer = Producer(self.inputs, objects, seed, shapes, self.space, self.weights_np)
+        self.producer = Producer(self.inputs, ks, seed, shapes, self.space, self.weights_np)
 
     # ------------------------------------------------------------ the loop
 
     def run(self, progress: Callable[[int], None] | None = None) -> None:
-        producer = self.producer
-        producer.start()
-        self.upload_weights()
-        since_restart = 0
+        self.start()
         try:
-            while self.deliveries < self.objects or self.jobs:
-                self.pump()
-                while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else IDLE_WAIT_S)):
-                    k, src, expected = item
-                    self.expected[k] = expected
-                    self.jobs.append(Job(k, src))
-                before = self.deliveries
-                states = [(job.stage, job.event) for job in self.jobs]
-                for job in list(self.jobs):
-                    self.step(job)
-                if states == [(job.stage, job.event) for job in self.jobs]:
-                    # nothing moved: take what the backend finished and failed deferred frees (FREE-3),
-                    # then block until an event is done (events settle as their jobs look at them)
-                    self.reported(self.bridge.poll)
-                    self.idle()
-                done = self.deliveries
-                since_restart += done - before
-                if progress is not None and done != before:
-                    progress(done)
-                if self.restart_every and since_restart >= self.restart_every and self.jobs:
-                    self.restart()
-                    since_restart = 0
-                if not self.jobs and not producer.ready and not producer.is_alive():
-                    break
+            while self.tick(progress, IDLE_WAIT_S):
+                pass
         finally:
-            producer.stop.set()
-            producer.join(timeout=5)
-            self.producer_blocked_s = producer.blocked_s
+            self.stop()
+        self.finish()
+
+    def start(self) -> None:
+        self.producer.start()
+        self.upload_weights()
+        self.since_restart = 0
+
+    def tick(self, progress: Callable[[int], None] | None, wait: float) -> bool:
+        """One pass over the jobs; False once the work is done. A pass where nothing moved
+        blocks up to `wait` seconds for the producer or a completion. (run_devices interleaves
+        the passes of several workers in one thread: tinygrad is not thread-safe.)"""
+        producer = self.producer
+        if not (self.deliveries < self.objects or self.jobs):
+            return False
+        self.pump()
+        while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else wait)):
+            k, src, expected = item
+            self.expected[k] = expected
+            self.jobs.append(Job(k, src))
+        before = self.deliveries
+        states = [(job.stage, job.event) for job in self.jobs]
+        for job in list(self.jobs):
+            self.step(job)
+        if states == [(job.stage, job.event) for job in self.jobs]:
+            # nothing moved: take what the backend finished and failed deferred frees (FREE-3),
+            # then block until an event is done (events settle as their jobs look at them)
+            self.reported(self.bridge.poll)
+            self.idle(wait)
+        done = self.deliveries
+        self.since_restart += done - before
+        if progress is not None and done != before:
+            progress(done)
+        if self.restart_every and self.since_restart >= self.restart_every and self.jobs:
+            self.restart()
+            self.since_restart = 0
+        return bool(self.jobs or producer.ready or producer.is_alive())
+
+    def stop(self) -> None:
+        producer = self.producer
+        producer.stop.set()
+        producer.join(timeout=5)
+        self.producer_blocked_s = producer.blocked_s
+
+    def finish(self) -> None:
         if self.restarts:
             gc.collect()  # views of old pools in reference cycles: their releases (and failures) now
         self.reported(self.bridge.poll)
 
-    def idle(self) -> None:
+    def idle(self, wait: float = IDLE_WAIT_S) -> None:
         """Nothing moved this pass: block until one of the events the jobs wait on is done (the
         bridge's wait_any sleeps on completions; no polling loop takes the GIL from the copy
-        thread). A fake backend's pump completes events itself."""
+        thread), at most `wait` seconds. A fake backend's pump completes events itself."""
         if self.pumped:
             return
         events = [e for job in self.jobs for e in (job.event, *job.old) if e is not None and not e.done()]
         if events:
             with contextlib.suppress(WaitTimeoutError):  # the producer may have a new object ready by now
-                self.bridge.wait_any(events, timeout=IDLE_WAIT_S)
+                self.bridge.wait_any(events, timeout=wait)
 
     def upload_weights(self) -> None:
         """The MLP's weights, once per generation, under their own role; their views live as long."""
@@ -578,9 +599,155 @@ def run_demo(
     make_backend, or an opened Backend). Raises WorkerStalled if the backend fails for good."""
     check_demo(objects, faults, restart_every)
     inner = make_backend(backend, device) if isinstance(backend, str) else backend
-    pump = fake_pump(inner, seed) if isinstance(inner, FakeBackend) else None
-    wrapped = FaultyBackend(inner, rate=faults, seed=seed, random_ops=RANDOM_FAULTS) if faults else inner
-    worker = Worker(wrapped, objects, seed=seed, restart_every=restart_every, pump=pump)
+    worker = device_worker(inner, range(objects), faults, restart_every, seed, seed)
     start = time.perf_counter()
     worker.run(progress)
     return worker.summary(time.perf_counter() - start, backend_name(inner))
+
+
+def device_worker(
+    inner: Backend, ks: Sequence[int], faults: float, restart_every: int, seed: int, fault_seed: int
+) -> Worker:
+    """A worker for objects `ks` on one device: its fake's pump, its injected faults."""
+    pump = fake_pump(inner, fault_seed) if isinstance(inner, FakeBackend) else None
+    wrapped = FaultyBackend(inner, rate=faults, seed=fault_seed, random_ops=RANDOM_FAULTS) if faults else inner
+    return Worker(wrapped, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks)
+
+
+#: How long one device's idle pass may block while other devices wait for their turn.
+DEVICE_IDLE_S = 0.002
+
+
+@dataclass
+class DeviceRun:
+    """One device's part of a multi-device run."""
+
+    device: str
+    objects: int  # its share (the objects k with k % devices == its index), or those it redid
+    delivered: int
+    seconds: float
+    objects_per_s: float
+    restarts: int
+    faults_injected: int
+    faults_recovered: int
+    stalled: str  # why it gave up (WorkerStalled), or ""
+
+
+@dataclass
+class DevicesSummary:
+    objects: int
+    delivered: int
+    lost: int
+    duplicated: int
+    wrong: int
+    seconds: float
+    objects_per_s: float
+    redone: int  # objects of a device that gave up, delivered by another one after it
+    devices: list[DeviceRun]
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == self.duplicated == self.wrong == 0 and self.delivered == self.objects
+
+
+def run_devices(
+    objects: int,
+    devices: Sequence[str],
+    backend: str = "tinygrad",
+    faults: float = 0.0,
+    restart_every: int = 0,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+    make: Callable[[str], Backend] | None = None,
+) -> DevicesSummary:
+    """One Bridge per device in one process: object k goes to device k % len(devices), each
+    device a worker with its own rings, restarts and injected faults, so one that restarts or
+    fails does not stop the others. The workers' passes are interleaved in this thread
+    (tinygrad is not thread-safe: its compile cache and device context are per thread); each
+    producer fills its ring from a thread of its own, and copies run on each device's copy
+    thread. A device that gives up for good (WorkerStalled) leaves its undelivered objects to
+    the first device that did not: they are redone there once the others finish. Deliveries
+    are counted per object across devices."""
+    check_demo(objects, faults, restart_every)
+    if not devices or len(set(devices)) != len(devices) or any(type(d) is not str for d in devices):
+        raise InvalidArgumentError("ARG-1", f"devices must be distinct names, got {short(devices)}")
+    make = make or (lambda device: make_backend(backend, None if backend == "fake" else device))
+    n = len(devices)
+    shares = [range(d, objects, n) for d in range(n)]
+    workers = [
+        device_worker(make(dev), shares[d], faults, restart_every, seed, seed + d) for d, dev in enumerate(devices)
+    ]
+    done = [0] * n
+    stalled: dict[int, str] = {}
+    seconds = [0.0] * n
+
+    def report(d: int) -> Callable[[int], None]:
+        def record(delivered: int) -> None:
+            done[d] = delivered
+            if progress is not None:
+                progress(sum(done))
+
+        return record
+
+    start = time.perf_counter()
+    running = list(range(n))
+    try:
+        for d, w in enumerate(workers):
+            try:
+                w.start()
+            except WorkerStalled as e:  # it could not even upload its weights
+                stalled[d] = str(e)
+                running.remove(d)
+        while running:
+            for d in list(running):
+                try:
+                    more = workers[d].tick(report(d), DEVICE_IDLE_S)
+                except WorkerStalled as e:
+                    stalled[d], more = str(e), False
+                if not more:
+                    running.remove(d)
+                    seconds[d] = time.perf_counter() - start
+    finally:
+        for w in workers:
+            w.stop()
+    for d, w in enumerate(workers):
+        if d not in stalled:
+            w.finish()
+    delivered = Counter[int]()
+    for w in workers:
+        delivered.update(w.delivered)
+    runs = [_device_run(devices[d], w, seconds[d], stalled.get(d, "")) for d, w in enumerate(workers)]
+    wrong = sum(w.wrong for w in workers)
+    leftovers = [k for d in sorted(stalled) for k in shares[d] if k not in delivered]
+    healthy = [d for d in range(n) if d not in stalled]
+    if leftovers and healthy:
+        again = device_worker(make(devices[healthy[0]]), leftovers, faults, restart_every, seed, seed + n)
+        began, why = time.perf_counter(), ""
+        try:
+            again.run()
+        except WorkerStalled as e:
+            why = str(e)
+        delivered.update(again.delivered)
+        wrong += again.wrong
+        runs.append(_device_run(f"{devices[healthy[0]]} (redoing)", again, time.perf_counter() - began, why))
+    total = time.perf_counter() - start
+    return DevicesSummary(
+        objects=objects,
+        delivered=len(delivered),
+        lost=objects - len(delivered),
+        duplicated=sum(c - 1 for c in delivered.values() if c > 1),
+        wrong=wrong,
+        seconds=total,
+        objects_per_s=len(delivered) / total,
+        redone=sum(1 for k in leftovers if k in delivered),
+        devices=runs,
+    )
+
+
+def _device_run(device: str, worker: Worker, seconds: float, stalled: str) -> DeviceRun:
+    injected = sum(worker.backend.injected.values()) if isinstance(worker.backend, FaultyBackend) else 0
+    got = len(worker.delivered)
+    return DeviceRun(
+        device, worker.objects, got, seconds, got / max(seconds, 1e-9), worker.restarts, injected,
+        worker.failures_retried, stalled,
+    )  # fmt: skip

@@ -74,7 +74,7 @@ def test_demo_exits_non_zero_when_an_object_is_lost(
     run = Producer.run
 
     def lossy(self: Producer) -> None:
-        self.objects -= 1  # the producer drops the last object on the floor
+        self.ks.pop()  # the producer drops the last object on the floor
         run(self)
 
     monkeypatch.setattr(Producer, "run", lossy)
