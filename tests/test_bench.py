@@ -45,3 +45,13 @@ def test_bench_refuses_a_round_count_below_one(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as e:
         main(["bench", "--rounds", "0"])
     assert e.value.code == 2 and "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_the_devices_benchmark_runs_one_device_beside_two(capsys: pytest.CaptureFixture[str]) -> None:
+    from devbridge.bench import devices
+
+    assert devices.main(["--objects", "20", "--rounds", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["objects"], report["rounds"], report["devices"]["devices"]) == (20, 1, ["CPU:0", "CPU:1"])
+    assert report["one_device"]["objects_per_s"] > 0 and report["devices"]["objects_per_s"] > 0
+    assert report["ratio"] == report["devices"]["objects_per_s"] / report["one_device"]["objects_per_s"]
