@@ -4,6 +4,7 @@ device that stays down."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,22 @@ def test_bad_device_lists_are_one_line_and_exit_2(tmp_path: Path, device: str, s
     assert run.returncode == 2 and run.stdout == ""
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("devbridge demo: error: ") and says in last, run.stderr
+
+
+def test_the_devices_summary_as_json(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "devbridge", "demo", "--device", "CPU:0,CPU:1", "--objects", "20", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert {k: got[k] for k in ("objects", "delivered", "lost", "duplicated", "wrong", "redone", "clean")} == {
+        "objects": 20, "delivered": 20, "lost": 0, "duplicated": 0, "wrong": 0, "redone": 0, "clean": True,
+    }  # fmt: skip
+    assert [(d["device"], d["objects"], d["delivered"], d["stalled"]) for d in got["devices"]] == [
+        ("CPU:0", 10, 10, ""),
+        ("CPU:1", 10, 10, ""),
+    ]
