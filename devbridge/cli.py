@@ -125,16 +125,18 @@ def usage_error(command: str, message: str) -> int:
     return 2
 
 
-def open_backend(args: argparse.Namespace) -> Backend | None:
-    """The backend the options name, opened before any work; None (and one line) if it cannot be."""
+def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend | None:
+    """The backend the options name (on `device`, else --device), opened before any work; None
+    (and one line) if it cannot be."""
     from devbridge.backends import make_backend
     from devbridge.errors import InvalidArgumentError
 
-    if args.backend == "fake" and args.device is not None:
+    device = device or args.device
+    if args.backend == "fake" and device is not None:
         usage_error(args.command, "--device names a tinygrad device; the fake backend has none")
         return None
     try:
-        return make_backend(args.backend, args.device)
+        return make_backend(args.backend, device)
     except InvalidArgumentError as e:
         usage_error(args.command, e.detail)
         return None
@@ -277,20 +279,13 @@ def run_devices_command(args: argparse.Namespace) -> int:
     """`demo --device A,B,...`: one bridge per device in this process (worker.run_devices)."""
     from tqdm import tqdm
 
-    from devbridge.backends import make_backend
-    from devbridge.errors import InvalidArgumentError
     from devbridge.worker import run_devices
 
     devices = args.device.split(",")
-    if args.backend == "fake":
-        return usage_error("demo", "--device names tinygrad devices; the fake backend has none")
     if len(set(devices)) != len(devices) or not all(devices):
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
-    for device in devices:
-        try:
-            make_backend(args.backend, device)
-        except InvalidArgumentError as e:
-            return usage_error("demo", e.detail)
+    if any(open_backend(args, device) is None for device in devices):
+        return 2
     with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
 
         def progress(done: int) -> None:

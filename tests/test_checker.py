@@ -186,3 +186,16 @@ def test_a_rendered_test_quotes_bytes_with_braces_and_runs() -> None:
         "    e0 = bridge.host_to_device(r0, DeviceRange(h0, 0, 4), sync=True, release=True)",
     ]
     run_source(s.test_source())
+
+
+def test_an_event_returned_done_while_the_model_has_it_in_flight_is_a_pending_disagreement() -> None:
+    """Regression: the harness took a returned event's done-ness on trust, so a bug that
+    finishes a compute at submission surfaced later as a KeyError of the harness's own (opening
+    the compute's block), not as the `pending` disagreement it is."""
+    from devbridge.models.lockstep import Disagreement, Lockstep
+
+    s = Lockstep(64)
+    s.alloc(8, False)
+    with MUTANTS["compute_done_at_submit"](), pytest.raises(Disagreement) as raised:
+        s.compute([s.handles[0]], False)
+    assert raised.value.check == "pending" and "returned done, the model says in flight" in str(raised.value)
