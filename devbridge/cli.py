@@ -38,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser(
         "docs", help="write spec/CONTRACT.md from the spec (--check, --svg; see docs -h)", add_help=False
     )
-    check = commands.add_parser("check", help="exhaustive bounded model check of the implementation")
+    check = commands.add_parser(
+        "check",
+        help="exhaustive bounded model check: the core and the ring as values, then the whole Bridge in lockstep",
+    )
     check.add_argument(
         "--profile", choices=("default", "narrow", "deep"), default="default", help="a bound (models.checker.PROFILES)"
     )
@@ -47,13 +50,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("restarts", 0, "restarts"),
         ("faults", 0, "injected failures per path"),
         ("in-flight", 1, "uses in flight per allocation"),
-        ("depth", 1, "actions per path"),
+        ("depth", 1, "actions per path in the lockstep checker"),
         ("tensors", 1, "live tensors per view (the view and those derived from it)"),
         ("ring", 1, "host ring bytes"),
     ):
         check.add_argument(f"--{name}", type=at_least(least), default=None, help=f"{meaning} (default: the profile's)")
     check.add_argument(
         "--spans", type=spans, default=None, help="device bytes a copy may touch, as OFFSET:SIZE,... (e.g. 0:4,2:4)"
+    )
+    check.add_argument(
+        "--values-depth",
+        type=depth_or_all,
+        default=None,
+        help="actions per path in the sans-I/O checker, or `all`: every reachable state (default: the profile's)",
+    )
+    check.add_argument(
+        "--tier",
+        choices=("both", "values", "lockstep"),
+        default="both",
+        help="values: the core and the ring as values (fast, wide); lockstep: the whole Bridge beside the "
+        "reference model (renders a runnable counterexample test); both (default)",
     )
     check.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     check.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
@@ -188,6 +204,11 @@ def probability(text: str) -> float:
     return value
 
 
+def depth_or_all(text: str) -> int | str:
+    """A depth (at least 1) or `all`."""
+    return text if text == "all" else at_least(1)(text)
+
+
 def spans(text: str) -> tuple[tuple[int, int], ...]:
     """OFFSET:SIZE,... as ((offset, size), ...); whether they fit is the Bound's to say."""
     try:
@@ -203,29 +224,65 @@ def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from devbridge.models.checker import PROFILES, check, describe
+    from devbridge.models.checker import PROFILES
 
     fields = ("allocations", "restarts", "faults", "in_flight", "depth", "tensors", "ring", "spans")
+    chosen = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
+    if args.values_depth is not None:
+        chosen["values_depth"] = None if args.values_depth == "all" else args.values_depth
     try:
-        bound = replace(PROFILES[args.profile], **{k: getattr(args, k) for k in fields if getattr(args, k) is not None})
+        bound = replace(PROFILES[args.profile], **chosen)
     except ValueError as e:
         return usage_error("check", str(e))
-    with tqdm(desc="states", unit=" states", disable=not progress_bar(args), leave=False) as bar:
+    print(f"bound: {bound}")
+    clean = True
+    if args.tier in ("both", "values"):
+        clean = check_values(args, bound)
+    if args.tier in ("both", "lockstep"):
+        clean = check_lockstep(args, bound) and clean
+    return 0 if clean else 1
 
-        def progress(states: int, transitions: int, depth: int) -> None:
-            bar.n = states
-            bar.set_postfix(transitions=transitions, depth=depth, refresh=False)
-            bar.update(0)
 
+def states_bar(args: argparse.Namespace) -> Any:
+    """A progress bar of states explored (only on a terminal), and the callback that moves it."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc="states", unit=" states", disable=not progress_bar(args), leave=False)
+
+    def progress(states: int, transitions: int, depth: int) -> None:
+        bar.n = states
+        bar.set_postfix(transitions=transitions, depth=depth, refresh=False)
+        bar.update(0)
+
+    return bar, progress
+
+
+def check_values(args: argparse.Namespace, bound: Any) -> bool:
+    from devbridge.models import sansio
+
+    bar, progress = states_bar(args)
+    with bar:
+        report = sansio.check(bound, bound.values_depth, jobs=args.jobs, progress=progress)
+    print(report.summary())
+    if report.violation is not None:
+        path = report.violation.path
+        print(f"\nshortest counterexample ({len(path)} steps): {sansio.describe(path)}")
+        print(f"(ids are the canonical ones of the state each action is taken in)\n{report.violation.error}")
+    return report.violation is None
+
+
+def check_lockstep(args: argparse.Namespace, bound: Any) -> bool:
+    from devbridge.models.checker import check, describe
+
+    bar, progress = states_bar(args)
+    with bar:
         report = check(bound, progress, jobs=args.jobs)
     print(report.summary())
     if report.violation is None:
         missing = report.coverage.missing()
         if missing:
             print("spec candidates outside this bound:\n  " + "\n  ".join(missing))
-        return 0
+        return True
     print(f"\nshortest counterexample ({len(report.violation.path)} steps): {describe(report.violation.path)}")
     print(report.violation.error)
     if args.test_out:
@@ -234,11 +291,11 @@ def run_check(args: argparse.Namespace) -> int:
                 f.write(report.violation.test_source)
         except OSError as e:
             print(f"devbridge check: cannot write the counterexample test: {e}", file=sys.stderr)
-            return 1
+            return False
         print(f"wrote {args.test_out}")
     else:
         print("\n" + report.violation.test_source)
-    return 1
+    return False
 
 
 def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:

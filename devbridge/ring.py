@@ -24,6 +24,8 @@ from devbridge.types import as_count, range_fields
 MAX_CAPACITY = 1 << 40
 
 Span = tuple[int, int]  # [start, end) in stream bytes
+#: `HostRing.state()`: head, unreleased starts and ends, pending reads, pending writes, failed outputs.
+RingState = tuple[int, tuple[int, ...], tuple[int, ...], tuple[Span, ...], tuple[Span, ...], tuple[Span, ...]]
 
 
 def _minus(spans: list[Span], cut: Span) -> list[Span]:
@@ -221,6 +223,27 @@ class HostRing:
                 tuple(sorted(self._failed)),
                 bytes(self._memory),
             )
+
+    def state(self) -> RingState:
+        """Its bookkeeping as a value, without the bytes (`restore` takes it back): a model
+        checker keeps states as values instead of replaying paths to them."""
+        with self._lock:
+            return (
+                self._head,
+                tuple(self._starts),
+                tuple(self._ends),
+                tuple(sorted(self._reads)),
+                tuple(sorted(self._writes)),
+                tuple(sorted(self._failed)),
+            )
+
+    def restore(self, state: RingState) -> None:
+        """Take back the bookkeeping `state()` gave (the bytes stay as they are)."""
+        head, starts, ends, reads, writes, failed = state
+        with self._lock:
+            self._head = head
+            self._starts, self._ends = list(starts), list(ends)
+            self._reads, self._writes, self._failed = list(reads), list(writes), list(failed)
 
     # ------------------------------------------------------------ mechanics
 

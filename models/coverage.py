@@ -42,6 +42,24 @@ class Coverage:
             self.table.describe(s, e, step) for s, e, i, step in self.table.candidates() if (s, e, i) not in self.hits
         ]
 
+    def merge(self, hits: dict[tuple[str, str, int], int], edges: Counter[tuple[str, str, str]]) -> None:
+        """Add what another run of the same table exercised (its `hits` and `edges`)."""
+        for key, n in hits.items():
+            self.hits[key] = self.hits.get(key, 0) + n
+        self.edges.update(edges)
+
+    def covered(self) -> str:
+        """One line: spec transitions, rejections and hazard edges exercised, of all."""
+        candidates = self.table.candidates()
+        t = [c for c in candidates if c[3].rule is None]
+        r = [c for c in candidates if c[3].rule is not None]
+        edges = self.hazard_edges()
+        return (
+            f"spec transitions covered: {sum((s, e, i) in self.hits for s, e, i, _ in t)}/{len(t)}   "
+            f"rejections covered: {sum((s, e, i) in self.hits for s, e, i, _ in r)}/{len(r)}   "
+            f"hazard edges covered: {len(edges) - len(self.missing_edges())}/{len(edges)}"
+        )
+
     def report(self) -> str:
         candidates = self.table.candidates()
         transitions = [c for c in candidates if c[3].rule is None]

@@ -75,6 +75,10 @@ class InFlight:
     followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
 
 
+#: `LifecycleCore.snapshot()`: (generation, next allocation id, next use id, records, uses).
+CoreState = tuple[int, int, int, tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class Effects:
     """What the Bridge must do after a use ends.
@@ -380,6 +384,49 @@ class LifecycleCore:
         self.generation += 1
         return [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
 
+    # ------------------------------------------------------------ the state as a value
+
+    def snapshot(self) -> CoreState:
+        """Every record and use in flight as one hashable value (`restore` takes it back): a
+        model checker keeps states as values instead of replaying paths to them. The records'
+        spec and memory must be hashable for the value to be; the issued handles are left out."""
+        return (
+            self.generation,
+            self._next_allocation,
+            self._next_use,
+            tuple(
+                (r.id, r.generation, r.extent, r.spec, r.memory, r.state, r.copies, r.computes)
+                for r in self._allocations.values()
+            ),
+            tuple(
+                (u.id, u.kind, u.allocations, u.host, u.generation, u.keep_host, u.span,
+                 tuple(sorted(u.after)) if u.after else None)  # an empty `after` acts as none
+                for u in self._inflight.values()
+            ),
+        )  # fmt: skip
+
+    def restore(self, state: CoreState) -> None:
+        """Become the core `state` was taken from (the per-use links are rebuilt from it)."""
+        self.generation, self._next_allocation, self._next_use, records, uses = state
+        self._allocations = {
+            r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], copies=r[6], computes=r[7]) for r in records
+        }
+        self._inflight = {}
+        for uid, kind, allocations, host, generation, keep_host, span, after in sorted(uses, key=_first):
+            use = InFlight(uid, kind, allocations, host, generation, keep_host, span, set(after) if after else None)
+            self._inflight[uid] = use
+            for earlier in after or ():  # followers in issue order, as `begin` appends them
+                before = self._inflight[earlier]
+                if before.followers is None:
+                    before.followers = []
+                before.followers.append(use)
+            if kind in self._accesses:
+                for alloc_id in allocations:
+                    if (record := self._allocations.get(alloc_id)) is not None:
+                        if record.accesses is None:
+                            record.accesses = []
+                        record.accesses.append(use)
+
     # ------------------------------------------------------------ mechanics
 
     def _known(self, alloc_id: int) -> None:
@@ -415,6 +462,10 @@ class LifecycleCore:
         if step.dest in self._table.terminal:
             del self._allocations[alloc_id]
         return record if step.release else None
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
 
 
 def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:

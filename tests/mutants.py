@@ -28,19 +28,26 @@ MUTANTS: dict[str, Mutant] = {}
 KILLS: dict[str, frozenset[str]] = {}
 
 
-def mutant(*kills: str) -> Callable[[Callable[[], Iterator[None]]], Mutant]:
-    """Register a seeded bug and the checks that must catch it."""
+#: The check of the sans-I/O checker (`models.sansio`) that must catch each seeded bug in the
+#: core or the ring; None for a bug in the Bridge, the value types or the fake (outside its scope).
+VALUES_KILLS: dict[str, str | None] = {}
+
+
+def mutant(*kills: str, values: str | None = None) -> Callable[[Callable[[], Iterator[None]]], Mutant]:
+    """Register a seeded bug, the checks that must catch it, and (`values`) the sans-I/O
+    checker's check that must, when the bug is in its scope."""
     assert kills, "a seeded bug names what must catch it"
 
     def register(fn: Callable[[], Iterator[None]]) -> Mutant:
         MUTANTS[fn.__name__] = contextlib.contextmanager(fn)
         KILLS[fn.__name__] = frozenset(kills)
+        VALUES_KILLS[fn.__name__] = values
         return MUTANTS[fn.__name__]
 
     return register
 
 
-@mutant("fake:free-in-use", "fake:free-under-view")
+@mutant("fake:free-in-use", "fake:free-under-view", values="INV-NO-FREE-IN-USE")
 def free_while_in_use() -> Iterator[None]:
     """free_device releases the memory at once, even while a copy or compute uses it."""
     original = LifecycleCore.free
@@ -54,7 +61,7 @@ def free_while_in_use() -> Iterator[None]:
         yield
 
 
-@mutant("cursor")
+@mutant("cursor", values="H2D-3")
 def release_on_submit() -> Iterator[None]:
     """An async input's host bytes are released when the copy is submitted, not completed."""
 
@@ -68,7 +75,7 @@ def release_on_submit() -> Iterator[None]:
         yield
 
 
-@mutant("cursor")
+@mutant("cursor", values="INV-CURSOR")
 def cursor_jumps_a_hole() -> Iterator[None]:
     """The cursor skips past the first unreleased span."""
     prop = property(lambda self: self._ends[0] if self._starts else self._head)
@@ -76,7 +83,7 @@ def cursor_jumps_a_hole() -> Iterator[None]:
         yield
 
 
-@mutant("refused:GEN-2", "refused:EVENT-1")
+@mutant("refused:GEN-2", "refused:EVENT-1", values="refused:GEN-2")
 def stale_handle_accepted() -> Iterator[None]:
     """Handles of an older generation pass the core's check: a call on one is not refused
     (GEN-2), and an end the core must refuse for an old allocation is accepted (EVENT-1)."""
@@ -115,7 +122,7 @@ def off_by_one_device_range() -> Iterator[None]:
         yield
 
 
-@mutant("frees")
+@mutant("frees", values="INV-FREE-ONCE")
 def restart_leaks_idle_memory() -> Iterator[None]:
     """restart() forgets to release allocations nothing uses."""
     original = LifecycleCore.restart
@@ -128,7 +135,7 @@ def restart_leaks_idle_memory() -> Iterator[None]:
         yield
 
 
-@mutant("host-view", "refused:D2H-3", "refused:RING-3")
+@mutant("host-view", "refused:D2H-3", "refused:RING-3", values="INV-OUTPUT")
 def output_readable_before_completion() -> Iterator[None]:
     """An output range is not marked pending while its copy is in flight."""
     with (
@@ -138,7 +145,7 @@ def output_readable_before_completion() -> Iterator[None]:
         yield
 
 
-@mutant("host-view", "cursor")
+@mutant("host-view", "cursor", values="COPY-F")
 def failed_input_released() -> Iterator[None]:
     """The host bytes of a failed input copy are released as if it had succeeded."""
     original = LifecycleCore.end
@@ -151,7 +158,7 @@ def failed_input_released() -> Iterator[None]:
         yield
 
 
-@mutant("states")
+@mutant("states", values="tracked")
 def view_does_not_pin() -> Iterator[None]:
     """A tinygrad view is not counted as a compute use of its allocation."""
     original = LifecycleCore.begin
@@ -193,7 +200,7 @@ def compute_done_at_submit() -> Iterator[None]:
         yield
 
 
-@mutant("refused:H2D-3")
+@mutant("refused:H2D-3", values="refused:H2D-3")
 def release_ignores_pending_reads() -> Iterator[None]:
     """The worker may release host bytes a pending input copy still reads."""
     original = HostRing.release
@@ -209,7 +216,7 @@ def release_ignores_pending_reads() -> Iterator[None]:
         yield
 
 
-@mutant("INV-COUNTS")
+@mutant("INV-COUNTS", values="INV-COUNTS")
 def last_copy_guard_wrong() -> Iterator[None]:
     """The `last_copy` guard is read as "a copy is in flight" (copies >= 1)."""
 
@@ -238,14 +245,14 @@ def _without_hazard(name: str) -> Iterator[None]:
         packaged_lookups.cache_clear()
 
 
-@mutant("fake:order")
+@mutant("fake:order", values="ORDER-1")
 def missing_raw_edge() -> Iterator[None]:
     """A read does not follow the write in flight before it: a device_to_host (or compute) issued
     after an asynchronous host_to_device of the same bytes may run first and see the old bytes."""
     yield from _without_hazard("RAW")
 
 
-@mutant("fake:order", "refused:EVENT-1")
+@mutant("fake:order", "refused:EVENT-1", values="ORDER-1")
 def missing_war_edge() -> Iterator[None]:
     """A write does not follow the read in flight before it: an asynchronous host_to_device may
     overwrite bytes an earlier device_to_host has not read yet. (When the read is held back, the
@@ -254,13 +261,13 @@ def missing_war_edge() -> Iterator[None]:
     yield from _without_hazard("WAR")
 
 
-@mutant("fake:order")
+@mutant("fake:order", values="ORDER-1")
 def missing_waw_edge() -> Iterator[None]:
     """Two writes of the same bytes are not ordered: the earlier may land last."""
     yield from _without_hazard("WAW")
 
 
-@mutant("states")
+@mutant("states", values="states")
 def sync_copy_skips_its_step() -> Iterator[None]:
     """The fused path of a synchronous copy takes a use id but leaves the allocation's state alone
     (an allocation copied into stays `allocated`)."""
@@ -273,7 +280,7 @@ def sync_copy_skips_its_step() -> Iterator[None]:
         yield
 
 
-@mutant("cursor")
+@mutant("cursor", values="H2D-2")
 def sync_copy_keeps_host_bytes() -> Iterator[None]:
     """The fused path of a synchronous input copy never releases its host bytes (H2D-2)."""
     with mock.patch.object(HostRing, "read_done", lambda self, *args, **kwargs: None):

@@ -127,13 +127,15 @@ def test_a_path_through_every_view_action_renders_a_runnable_test() -> None:
 
 
 def test_cli_reports_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--depth", "3", "--no-progress", "--jobs", "2"]) == 0
+    assert main(["check", "--tier", "lockstep", "--depth", "3", "--no-progress", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert f"bound: {Bound(depth=3)}" in out  # the CLI's default profile is Bound's defaults
+    assert "sans-I/O" not in out
     assert "distinct states: 686   transitions: 2063   depth reached: 3" in out
     assert re.search(r"time: [0-9.]+ s   states/s: [0-9]+ \(2 processes, [0-9]+ per process\)", out), out
     assert "spec candidates outside this bound:" in out  # depth 3 is too shallow for all of them
-    assert main(["check", "--profile", "narrow", "--depth", "2", "--spans", "2:4", "--no-progress"]) == 0
+    narrow = ["--tier", "lockstep", "--profile", "narrow", "--depth", "2", "--spans", "2:4", "--no-progress"]
+    assert main(["check", *narrow]) == 0
     assert f"bound: {replace(NARROW, depth=2, spans=((2, 4),))}" in capsys.readouterr().out
 
 
@@ -159,9 +161,10 @@ def test_cli_refuses_a_bound_that_is_not_one(argv: list[str], capsys: pytest.Cap
 def test_cli_exits_non_zero_and_writes_the_counterexample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "test_cx.py"
     with MUTANTS["restart_leaks_idle_memory"]():
-        assert main(["check", "--depth", "3", "--no-progress", "--test-out", str(out)]) == 1
+        assert main(["check", "--values-depth", "3", "--depth", "3", "--no-progress", "--test-out", str(out)]) == 1
     text = capsys.readouterr().out
-    assert "shortest counterexample (2 steps): alloc:False -> restart:False" in text
+    assert "shortest counterexample (2 steps): alloc:False -> restart:False" in text  # the lockstep
+    assert "shortest counterexample (2 steps): alloc -> restart" in text and "[INV-FREE-ONCE]" in text  # sans-I/O
     assert "def test_counterexample():" in out.read_text()
     run_source(out.read_text())
 

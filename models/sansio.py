@@ -1,0 +1,755 @@
+"""The sans-I/O checker: the lifecycle core and the host ring explored with states as values.
+
+The lockstep checker (`checker`) runs the whole Bridge over the fake backend
+beside the reference model, and rebuilds each state by replaying the path to
+it. This one explores the two pieces of real code that make every lifetime
+decision, with each state a value:
+
+- `LifecycleCore`: when device memory may be released, which uses are held
+  back behind which (ORDER-1), what a use's end reports;
+- `HostRing`: when host bytes are released, readable, writable.
+
+A state is `(core.snapshot(), ring.state(), faults used)`, put in a canonical
+form (allocations and uses renumbered, ring offsets shifted by whole laps), so
+a state is restored, one action applied, and the result taken as a value: no
+replay, and symmetric states (which allocation is which) are one. Without a
+depth the search is exhaustive: every state the bound allows is reached.
+
+What drives the core and the ring is `Step`, the calls the Bridge makes on
+them for each API call, over a device that runs submitted uses and ends them
+in any order, successfully or not. `Step` keeps its own record of what it
+issued (uses in flight, which are submitted, which device buffers live) and
+checks the core's and the ring's answers against it and against the spec's
+data, never against their own view of themselves: the invariants (`INV-*`),
+ORDER-1 (no two conflicting uses on the device at once, none held without
+cause), the failures' rules, the host-byte rules and every refusal.
+
+Out of its scope: the Bridge's own code, the backend protocol, the events,
+tinygrad views and byte values. The lockstep checker and the stateful tests
+cover those (`tests/test_sansio.py` shows which seeded bugs each finds).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, ClassVar, NamedTuple
+
+from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
+from devbridge.models.checker import EXTENT, Bound
+from devbridge.models.coverage import Coverage
+from devbridge.ring import HostRange, HostRing, RingState
+from devbridge.spec import Rejection, guard_values, level
+from devbridge.spec import load as load_spec
+from devbridge.statemachine import default_table
+from devbridge.statemachine.core import USE_EVENTS, CoreState, InvariantViolation, LifecycleCore
+
+#: The core, the ring, faults injected so far, and for each allocation (in the core's order)
+#: whether it was ever used and whether the worker freed it: what `Step` knows of it itself.
+State = tuple[CoreState, RingState, int, tuple[tuple[bool, bool], ...]]
+Action = tuple[Any, ...]
+COPIES = ("copy_in", "copy_out")
+#: How a copy is submitted: synchronous, asynchronous; with a fault: lost (its first query
+#: fails), refused by the backend at submission (asynchronous, or synchronous after waiting for
+#: the uses it follows: only different from the other when there are some). An asynchronous copy
+#: the backend finishes at submission takes the synchronous one's path, or is held: no mode of
+#: its own here (the lockstep checker has it).
+MODES = ("sync", "async")
+FAULTY = ("lost", "async_fails")
+DEAD = 0  # an allocation id no record ever has: a freed (or stale) handle's key
+
+SPEC = load_spec()
+#: The spec's data, read here and not through the core: what the checks compare against.
+FAILURE_RULES = {f.when: f.rule for f in SPEC.failures.values()}
+PENDING_STATES = frozenset(  # where free or restart leave a busy allocation
+    t.dest for t in SPEC.transitions if t.event in ("free", "restart") and not SPEC.states[t.dest].terminal
+)
+CHECKS = frozenset(
+    {
+        "INV-NO-FREE-IN-USE", "INV-FREE-ONCE", "INV-COUNTS", "INV-CURSOR", "INV-OUTPUT", "INV-GENERATION",
+        "INV-QUIESCENT", "ORDER-1", "H2D-2", "H2D-3", "COPY-F", "failure", "tracked", "states", "raised",
+        "unchanged",
+    }
+)  # fmt: skip
+
+
+class Broken(AssertionError):
+    """The core or the ring broke a check (`check`: an invariant, ORDER-1, a host-byte rule,
+    `failure` (the rule a use's end reports), `tracked` (the uses in flight), `raised`,
+    `unchanged`, or `refused:RULE`)."""
+
+    def __init__(self, check: str, detail: str) -> None:
+        assert check in CHECKS or check.startswith("refused:"), check
+        super().__init__(f"[{check}] {detail}")
+        self.check = check
+
+
+def kill_of(error: BaseException) -> str:
+    """What caught a bug: a check's name, a core invariant, or (never for a seeded bug) a type."""
+    if isinstance(error, Broken):
+        return error.check
+    if isinstance(error, InvariantViolation):
+        return error.invariant
+    return type(error).__name__
+
+
+def _conflicting(earlier: str, later: str) -> bool:
+    """Whether overlapping uses of these kinds must not run at once: both touch device bytes and
+    one of them writes (from the spec's accesses; the device orders `device_ordered` pairs)."""
+    first, then = SPEC.accesses[earlier], SPEC.accesses[later]
+    touch = all(a.does("reads") or a.does("writes") for a in (first, then))
+    return touch and (first.does("writes") or then.does("writes")) and (earlier, later) not in SPEC.device_ordered
+
+
+KINDS_CONFLICT = {(a, b): _conflicting(a, b) for a in USE_EVENTS for b in USE_EVENTS}
+
+
+def conflict(earlier: Use, later: Use) -> bool:
+    """Whether two uses of one allocation must not run at once (ORDER-1): kinds that conflict,
+    touching a common byte (a span of None is the whole allocation)."""
+    if not KINDS_CONFLICT[(earlier.kind, later.kind)]:
+        return False
+    a, b = earlier.span, later.span
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
+
+
+class Use(NamedTuple):
+    """What `Step` issued: a use's kind, allocation, device span (None: all), host bytes."""
+
+    kind: str
+    alloc: int
+    span: tuple[int, int] | None
+    host: tuple[int, int] | None  # (stream start, size)
+    generation: int
+
+
+class Step:
+    """One action from one state: the Bridge's calls on the core and the ring, a device that
+    runs what is submitted, and the checks of every answer against its own record."""
+
+    def __init__(self, ring_capacity: int) -> None:
+        self.core = LifecycleCore()
+        self.ring = HostRing(ring_capacity)
+        self.uses: dict[int, Use] = {}
+        self.submitted: set[int] = set()
+        self.live: set[int] = set()  # allocations whose device buffer is not freed
+        self.used: set[int] = set()  # allocations some use began on
+        self.freed: set[int] = set()  # allocations the worker freed
+        self.faults = 0
+        self._state: State | None = None  # the state last loaded, and what Step knows of it
+        self._known: tuple[dict[int, Use], set[int], set[int], set[int], set[int]] = ({}, set(), set(), set(), set())
+
+    # ------------------------------------------------------------ states as values
+
+    def load(self, state: State) -> None:
+        core, ring, self.faults, flags = state
+        self.core.restore(core)
+        self.ring.restore(ring)
+        if state is not self._state:  # what Step knows of it, derived once per state
+            self._state = state
+            self._known = (
+                {u[0]: Use(u[1], u[2][0], u[6], u[3], u[4]) for u in core[4]},
+                {u[0] for u in core[4] if u[1] != "view" and u[7] is None},
+                {r[0] for r in core[3]},
+                {r[0] for r, (used, _) in zip(core[3], flags, strict=True) if used},
+                {r[0] for r, (_, freed) in zip(core[3], flags, strict=True) if freed},
+            )
+        uses, submitted, live, used, freed = self._known
+        self.uses, self.submitted, self.live, self.used, self.freed = (
+            dict(uses), set(submitted), set(live), set(used), set(freed)
+        )  # fmt: skip
+
+    def value(self, cursor: int | None = None) -> State:
+        """The state, canonical: allocations ordered by what they are and renumbered from 1
+        (0 stays a dead key), their uses renumbered in that order, ring offsets moved back by
+        whole laps so that the cursor is in the first.
+
+        With `cursor` (the ring's before the action), it first checks that what the core and
+        the ring record is what was issued: then the value determines everything `check` reads."""
+        generation, _, _, records, uses = self.core.snapshot()
+        ring = self.ring.state()
+        if cursor is not None:
+            self.track(records, uses, cursor)
+        head, starts = ring[0], ring[1]
+        capacity = self.ring.capacity
+        base = (starts[0] if starts else head) // capacity * capacity
+        by_alloc: dict[int, list[tuple[Any, ...]]] = {r[0]: [] for r in records}
+        for u in uses:  # in issue order (the core keeps them so)
+            by_alloc[u[2][0]].append(u)
+        used, freed = self.used, self.freed
+        signed = []
+        for r in records:
+            mine = by_alloc[r[0]]
+            if mine:
+                local = {u[0]: i for i, u in enumerate(mine)}
+                sig = tuple(
+                    (u[1], u[6], u[3] if u[3] is None else (u[3][0] - base, u[3][1]), u[4], u[5],
+                     u[7] if u[7] is None else tuple(local[b] for b in u[7]))
+                    for u in mine
+                )  # fmt: skip
+            else:
+                sig = ()
+            signed.append(((generation - r[1], r[5], r[6], r[7], (r[0] in used, r[0] in freed), sig), r, mine))
+        if len(signed) > 1:
+            signed.sort(key=_first)
+        renumber: dict[int, int] = {}
+        new_records, new_uses = [], []
+        for n, (_, r, mine) in enumerate(signed, start=1):
+            new_records.append((n, r[1], r[2], None, n, r[5], r[6], r[7]))
+            for u in mine:
+                renumber[u[0]] = len(renumber)
+                host = u[3] if u[3] is None else (u[3][0] - base, u[3][1])
+                after = u[7] if u[7] is None else tuple(renumber[b] for b in u[7])  # earlier: renumbered
+                new_uses.append((renumber[u[0]], u[1], (n,), host, u[4], u[5], u[6], after))
+        if base:
+            ring = (
+                head - base,
+                tuple(s - base for s in starts),
+                tuple(e - base for e in ring[2]),
+                *(tuple((s - base, e - base) for s, e in spans) for spans in ring[3:]),
+            )  # type: ignore[assignment]
+        core = (generation, len(new_records) + 1, len(renumber), tuple(new_records), tuple(new_uses))
+        return core, ring, self.faults, tuple(sig[4] for sig, _, _ in signed)
+
+    def track(self, records: tuple[tuple[Any, ...], ...], uses: tuple[tuple[Any, ...], ...], cursor: int) -> None:
+        """The core's records and uses (a snapshot's) are what was issued, its held-back uses
+        those not on the device, and the ring's cursor did not go back."""
+        mine = self.uses
+        if len(uses) != len(mine) or any(
+            mine.get(u[0]) != (u[1], u[2][0] if len(u[2]) == 1 else u[2], u[6], u[3], u[4]) for u in uses
+        ):
+            raise Broken("tracked", f"the core has {uses}, issued {sorted(mine.items())}")
+        for u in uses:
+            if (u[7] is not None) == (u[0] in self.submitted or u[1] == "view"):
+                raise Broken("ORDER-1", f"use #{u[0]} held back: {u[7] is not None}; on the device: "
+                             f"{u[0] in self.submitted}")  # fmt: skip
+        if len(records) != len(self.live) or any(r[0] not in self.live for r in records):
+            raise Broken("INV-FREE-ONCE", f"records {[r[0] for r in records]} != device {sorted(self.live)}")
+        if (now := self.ring.cursor) < cursor:
+            raise Broken("INV-CURSOR", f"cursor went back from {cursor} to {now}")
+
+    # ------------------------------------------------------------ the Bridge's side
+
+    def host(self, start: int, nbytes: int) -> HostRange:
+        return HostRange._made(self.ring, start, nbytes)
+
+    def key(self, alloc: int) -> tuple[int, int]:
+        record = self.core.allocation(alloc)
+        assert record is not None, f"#{alloc} has no record"
+        return alloc, record.generation
+
+    def alloc(self) -> None:
+        record = self.core.add(EXTENT, None, None)
+        record.memory = record.id
+        self.live.add(record.id)
+        self.used.discard(record.id)
+        self.freed.discard(record.id)
+
+    def free(self, alloc: int) -> None:
+        record = self.core.free(*self.key(alloc))
+        self.freed.add(alloc)
+        if record is not None:
+            self.release_device(record.memory)
+
+    def copy(self, kind: str, alloc: int, span: tuple[int, int], mode: str) -> bool:
+        """host_to_device / device_to_host of fresh ring bytes; False: the ring is full (RING-2)."""
+        offset, nbytes = span
+        try:
+            r = self.ring.reserve(nbytes)
+        except RingFullError:
+            return False
+        key = self.key(alloc)
+        self.core.check([key], "copy_begin")
+        (self.ring.check_source if kind == "copy_in" else self.ring.check_dest)(r)
+        dspan = (offset, offset + nbytes)
+        before = self.core.conflicts(kind, [key], dspan)
+        sync = mode in ("sync", "sync_fails")
+        while sync and before:  # the Bridge waits for the oldest use of their chain, then asks again
+            self.wait(before)
+            before = self.core.conflicts(kind, [key], dspan)
+        if not before and mode in ("sync_fails", "async_fails"):  # the backend refuses it: COPY-F
+            self.faults += 1
+            if kind == "copy_out":
+                self.ring.begin_write(r)
+                self.ring.end_write(r, valid=False)
+            self.expect_host(kind, r, ok=False)
+            return True
+        if not before and mode == "sync":  # done at once: one fused step
+            self.core.instant(kind, key)
+            self.used.add(alloc)
+            if kind == "copy_in":
+                self.ring.read_done(r, True)
+            else:
+                self.ring.write_done(r)
+            self.expect_host(kind, r, ok=True)
+            return True
+        use = self.core.begin(kind, [key], host=(r.start, r.nbytes), span=dspan, before=before)
+        (self.ring.begin_read if kind == "copy_in" else self.ring.begin_write)(r)
+        self.uses[use.id] = Use(kind, alloc, dspan, (r.start, r.nbytes), self.core.generation)
+        self.used.add(alloc)
+        if not before:
+            self.submit(use.id)
+            if mode == "lost":  # its first query fails: settled as failed at once
+                self.faults += 1
+                self.finish(use.id, ok=False)
+        return True
+
+    def compute(self, alloc: int, fails: bool) -> None:
+        key = self.key(alloc)
+        self.core.check([key], "compute_begin")
+        while before := self.core.conflicts("compute", [key]):
+            self.wait(before)
+        if fails:  # the backend refuses it: COMPUTE-F, nothing recorded
+            self.faults += 1
+            return
+        use = self.core.begin("compute", [key], before=[])
+        self.uses[use.id] = Use("compute", alloc, None, None, self.core.generation)
+        self.used.add(alloc)
+        self.submit(use.id)
+
+    def wrap(self, alloc: int) -> None:
+        key = self.key(alloc)
+        self.core.check([key], "compute_begin")
+        use = self.core.begin("view", [key])
+        self.uses[use.id] = Use("view", alloc, None, None, self.core.generation)
+        self.used.add(alloc)
+
+    def restart(self) -> None:
+        for record in self.core.restart():
+            self.release_device(record.memory)
+
+    def release(self, start: int, end: int) -> bool:
+        """The worker releases unreleased host bytes: refused while a pending copy uses them."""
+        r = self.host(start, end - start)
+        reads = [u for u in self.uses.values() if u.kind == "copy_in" and _hits(u.host, start, end)]
+        writes = [u for u in self.uses.values() if u.kind == "copy_out" and _hits(u.host, start, end)]
+        rule = "H2D-3" if reads else "RING-3" if writes else None
+        if rule is None:
+            try:
+                self.ring.release(r)
+            except BridgeError as e:
+                raise Broken("raised", f"releasing {r}, which no pending copy uses: {e}") from e
+            return True
+        self.refused(rule, lambda: self.ring.release(r))
+        return False
+
+    def refuse(self, key: tuple[int, int], event: str, rule: str | None) -> None:
+        """A spec event that must change nothing, sent as the Bridge sends it (a begin asked
+        with `check`, a free, a stray end or restart fired): refused as `rule` (None: accepted)."""
+        if event in ("copy_begin", "compute_begin"):
+            self.refused(rule, lambda: self.core.check([key], event))
+        elif event == "free":
+            self.refused(rule, lambda: self.core.free(*key))
+        else:
+            self.refused(rule, lambda: self.core.fire(*key, event))
+
+    def refused(self, rule: str | None, call: Callable[[], object]) -> None:
+        """`call` raises `rule`'s error (None: none) and changes nothing."""
+        before = (self.core.snapshot(), self.ring.state())
+        try:
+            call()
+        except BridgeError as e:
+            if e.rule != rule:
+                raise Broken(f"refused:{rule}" if rule else "raised", f"{e.rule} raised: {e}") from e
+        else:
+            if rule is not None:
+                raise Broken(f"refused:{rule}", "the call was not refused")
+        if (self.core.snapshot(), self.ring.state()) != before:
+            raise Broken("unchanged", f"a call that must change nothing ({rule or 'accepted'}) changed the state")
+
+    # ------------------------------------------------------------ the device
+
+    def submit(self, use_id: int) -> None:
+        use = self.uses[use_id]
+        record = self.core.allocation(use.alloc)
+        if record is None or not record.generation == use.generation == self.core.generation:
+            raise Broken("INV-GENERATION", f"use #{use_id} submitted on memory of an older generation")
+        self.submitted.add(use_id)
+
+    def wait(self, before: list[Any]) -> None:
+        """A blocking call waits for the oldest use of the chain it must follow: on the device
+        (it cannot be held, or the wait would never end), and it ends well."""
+        oldest = self.core.closure(before)[0].id
+        if oldest not in self.submitted:
+            raise Broken("ORDER-1", f"waiting for use #{oldest}, which is held: forever")
+        self.finish(oldest, ok=True)
+
+    def finish(self, use_id: int, ok: bool) -> None:
+        """The device (or a collected view) ends a use: the Bridge's `_finish` and `_apply`,
+        then the held uses it made ready are launched (or aborted, after a restart)."""
+        use = self.uses.pop(use_id)
+        self.submitted.discard(use_id)
+        effects = self.core.end(use_id, ok)
+        aborted = use.generation != self.core.generation
+        expected = FAILURE_RULES["aborted"] if aborted else None if ok else FAILURE_RULES[use.kind]
+        if effects.error_rule != expected:
+            raise Broken("failure", f"use #{use_id} reported {effects.error_rule}, not {expected}")
+        if use.host is not None:
+            r = self.host(*use.host)
+            if use.kind == "copy_in":
+                self.ring.end_read(r, release=effects.host_ok)
+            else:
+                self.ring.end_write(r, valid=effects.host_ok)
+            self.expect_host(use.kind, r, ok=expected is None)
+        for record in effects.release:
+            self.release_device(record.memory)
+        for ready in effects.ready:
+            if ready.generation != self.core.generation:
+                self.finish(ready.id, ok=False)
+            else:
+                self.submit(ready.id)
+
+    def release_device(self, memory: object) -> None:
+        """The Bridge frees an allocation's device buffer (its memory here is its id)."""
+        if memory not in self.live:
+            raise Broken("INV-FREE-ONCE", f"allocation #{memory} freed on the device twice")
+        if users := [u for u, use in self.uses.items() if use.alloc == memory]:
+            raise Broken("INV-NO-FREE-IN-USE", f"allocation #{memory} freed while uses {users} use it")
+        self.live.discard(memory)
+
+    # ------------------------------------------------------------ checks
+
+    def expect_host(self, kind: str, r: HostRange, ok: bool) -> None:
+        """After a copy ends: a good input's bytes are released (H2D-2), a failed one's kept for a
+        retry (COPY-F); a good output's bytes are readable, a failed one's never (D2H-3)."""
+        if kind == "copy_in":
+            if self.ring.released(r) != ok:
+                raise Broken("H2D-2" if ok else "COPY-F", f"input {r} released: {not ok}")
+        else:
+            try:
+                self.ring.view(r)
+                readable = True
+            except OutputNotReadyError:
+                readable = False
+            if readable != ok:
+                raise Broken("INV-OUTPUT", f"output {r} readable: {readable}, succeeded: {ok}")
+
+    def check(self) -> None:
+        """Every invariant of a state reached for the first time."""
+        uses, submitted = self.uses, self.submitted
+        records = {r.id: r for r in self.core.allocations()}
+        mine: dict[int, list[tuple[int, Use]]] = {a: [] for a in records}
+        for u, use in uses.items():
+            mine[use.alloc].append((u, use))
+        for a, record in records.items():
+            theirs = mine[a]
+            copies = sum(use.kind in COPIES for _, use in theirs)
+            if (record.copies, record.computes) != (copies, len(theirs) - copies):
+                raise Broken("INV-COUNTS", f"#{a} counts {record.copies} copies, {record.computes} computes; "
+                             f"{len(theirs)} uses in flight")  # fmt: skip
+            if not theirs and record.state in PENDING_STATES:
+                raise Broken("INV-QUIESCENT", f"#{a} {record.state} with nothing in flight")
+            expected = self.expected_state(record.generation, a, copies, len(theirs) - copies)
+            if record.state != expected:
+                raise Broken("states", f"#{a} is {record.state}, not {expected}")
+            for i, (u, use) in enumerate(theirs):  # in issue order
+                held = u not in submitted and use.kind != "view"
+                if held and not any(conflict(w, use) for _, w in theirs[:i]):
+                    raise Broken("ORDER-1", f"use #{u} held back behind nothing it conflicts with")
+                clash = [] if held or use.kind == "view" else [
+                    v for v, w in theirs[:i] if v in submitted and conflict(w, use)
+                ]  # fmt: skip
+                if clash:
+                    raise Broken("ORDER-1", f"use #{u} runs beside earlier conflicting uses {clash}")
+                if use.host is not None:
+                    self.check_pending_host(use)
+        now = self.ring.cursor
+        if (unreleased := self.ring.unreleased()) and now > unreleased[0].start:
+            raise Broken("INV-CURSOR", f"cursor {now} passed {unreleased[0]}")
+
+    def expected_state(self, generation: int, alloc: int, copies: int, computes: int) -> str:
+        """The state the spec gives an allocation with this history (a second statement of it)."""
+        if generation != self.core.generation:
+            return "stale_pending"
+        if alloc in self.freed:
+            return "free_pending"
+        if copies and computes:
+            return "copying_computing"
+        if copies or computes:
+            return "copying" if copies else "computing"
+        return "idle" if alloc in self.used else "allocated"
+
+    def check_pending_host(self, use: Use) -> None:
+        assert use.host is not None
+        r = self.host(*use.host)
+        if use.kind == "copy_in":
+            if self.ring.released(r):
+                raise Broken("H2D-3", f"a pending input's bytes {r} are released")
+            return
+        try:
+            self.ring.view(r)
+        except OutputNotReadyError:
+            return
+        raise Broken("INV-OUTPUT", f"a pending output's bytes {r} are readable")
+
+    # ------------------------------------------------------------ actions
+
+    def apply(self, action: Action) -> bool:
+        """Take `action`; False when it changed nothing: a refusal (checked to change nothing) or
+        a copy that found the ring full."""
+        kind = action[0]
+        if kind == "alloc":
+            self.alloc()
+        elif kind == "free":
+            self.free(action[1])
+        elif kind in COPIES:
+            return self.copy(kind, action[1], action[2], action[3])
+        elif kind == "compute":
+            self.compute(action[1], action[2])
+        elif kind == "wrap":
+            self.wrap(action[1])
+        elif kind == "end":
+            if not action[2]:
+                self.faults += 1
+            self.finish(action[1], action[2])
+        elif kind == "drop":
+            self.finish(action[1], True)
+        elif kind == "restart":
+            self.restart()
+        elif kind == "release":
+            return self.release(action[1], action[2])
+        elif kind == "refuse":
+            self.refuse(action[1], action[2], action[3])
+            return False
+        else:
+            raise ValueError(f"unknown action {action}")
+        return True
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
+
+
+def _hits(host: tuple[int, int] | None, start: int, end: int) -> bool:
+    return host is not None and host[0] < end and start < host[0] + host[1]
+
+
+@cache
+def refusals(state: str, copies: int, computes: int) -> tuple[tuple[str, str | None], ...]:
+    """Every spec event that must change nothing in `state` with these counters (0, 1, more),
+    and the rule that refuses it: each the spec refuses, and in a terminal state every event."""
+    found = ((event, SPEC.decide(state, event, guard_values(copies, computes))) for event in SPEC.events)
+    return tuple(
+        (event, outcome.rule if isinstance(outcome, Rejection) else None)
+        for event, outcome in found
+        if isinstance(outcome, Rejection) or SPEC.states[state].terminal
+    )
+
+
+def dead_state(generation: int, current: int) -> str:
+    return "freed" if generation == current else "stale"
+
+
+def enabled(state: State, bound: Bound) -> list[Action]:
+    """Every action the bound allows from `state` (canonical), in a fixed order."""
+    (generation, _, _, records, uses), (_, starts, ends, *_), faults, _ = state
+    can_fail = faults < bound.faults
+    idle_modes = MODES + FAULTY if can_fail else MODES
+    busy_modes = (*idle_modes, "sync_fails") if can_fail else MODES
+    count: dict[int, int] = {}
+    for u in uses:
+        count[u[2][0]] = count.get(u[2][0], 0) + 1
+    actions: list[Action] = []
+    if len(records) < bound.allocations:
+        actions.append(("alloc",))
+    for a, gen, _, _, _, state_, copies, computes in records:
+        if gen == generation and state_ not in PENDING_STATES:
+            actions.append(("free", a))
+            if count.get(a, 0) < bound.in_flight:
+                modes = busy_modes if count.get(a) else idle_modes
+                actions += [(kind, a, span, mode) for kind in COPIES for span in bound.spans for mode in modes]
+                actions += [("compute", a, False)] + ([("compute", a, True)] if can_fail else [])
+                actions.append(("wrap", a))
+        actions += [
+            ("refuse", (a, gen), event, rule) for event, rule in refusals(state_, level(copies), level(computes))
+        ]
+    for g in (generation, generation - 1) if generation else (generation,):  # a freed handle, a stale one
+        actions += [("refuse", (DEAD, g), event, rule) for event, rule in refusals(dead_state(g, generation), 0, 0)]
+    for uid, kind, _, _, _, _, _, after in uses:
+        if kind == "view":
+            actions.append(("drop", uid))
+        elif not after:
+            actions.append(("end", uid, True))
+            if can_fail:
+                actions.append(("end", uid, False))
+    if generation < bound.restarts:
+        actions.append(("restart",))
+    actions += [("release", s, e) for s, e in zip(starts, ends, strict=True)]
+    return actions
+
+
+# ------------------------------------------------------------ search
+
+
+@dataclass
+class Violation:
+    path: tuple[Action, ...]  # each action names the canonical ids of the state it was taken in
+    error: str
+    kill: str
+
+
+@dataclass
+class Report:
+    bound: Bound
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    jobs: int = 1
+    exhaustive: bool = False  # the search ran out of new states before any depth limit
+    coverage: Coverage = field(default_factory=lambda: Coverage(default_table(), "sans-I/O checker"))
+    violation: Violation | None = None
+
+    def summary(self) -> str:
+        rate = self.states / max(self.seconds, 1e-9)
+        reach = "every reachable state" if self.exhaustive else f"depth {self.depth}"
+        lines = [
+            f"sans-I/O checker (the core and the ring as values): {reach}",
+            f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
+            f"time: {self.seconds:.1f} s   states/s: {rate:.0f} "
+            f"({self.jobs} process{'es' if self.jobs > 1 else ''}, {rate / self.jobs:.0f} per process)",
+            self.coverage.covered(),
+            "violations: " + ("none" if self.violation is None else f"1 (shortest: {len(self.violation.path)} steps)"),
+        ]
+        return "\n".join(lines)
+
+
+@dataclass
+class Expansion:
+    transitions: int = 0
+    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)  # spec steps the core took
+    edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # ordering edges it found
+    found: list[tuple[State, int, Action]] = field(default_factory=list)  # state, parent index, action
+    violation: tuple[int, Action, str, str] | None = None  # parent index, action, error, kill
+
+
+def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: set[State]) -> Expansion:
+    """Every enabled action from each state, checked; the successors not in `known` (which it
+    extends). A state's own invariants are checked once, when it is first reached: everything
+    they read is in its value (`Step.track` made sure of that after the action)."""
+    coverage = Coverage(default_table(), "sans-I/O checker")
+    step.core.observer, step.core.edge_observer = coverage.record, coverage.record_edge
+    out = Expansion(hits=coverage.hits, edges=coverage.edges)
+    for index, state in batch:
+        loaded = False
+        for action in enabled(state, bound):
+            out.transitions += 1
+            if not loaded:
+                step.load(state)
+            cursor = step.ring.cursor
+            try:
+                loaded = not step.apply(action)  # a refused action changed nothing (it checks so)
+                if loaded:
+                    continue
+                new = step.value(cursor)
+                if new in known:
+                    continue
+                step.check()
+            except Exception as e:  # any failure is a violation; the kill says which check caught it
+                out.violation = (index, action, f"{type(e).__name__}: {e}", kill_of(e))
+                return out
+            known.add(new)
+            out.found.append((new, index, action))
+    return out
+
+
+class _Worker:
+    """A forked worker: expands chunks of one level (its Step built once)."""
+
+    bound: ClassVar[Bound]
+    step: ClassVar[Step]
+    known: ClassVar[set[State]]  # every state this worker checked or was given
+
+    @classmethod
+    def start(cls, bound: Bound) -> None:
+        cls.bound, cls.step, cls.known = bound, Step(bound.ring), set()
+
+    @classmethod
+    def run(cls, batch: list[tuple[int, State]]) -> Expansion:
+        cls.known.update(state for _, state in batch)
+        return expand(cls.step, batch, cls.bound, cls.known)
+
+
+def initial(bound: Bound) -> State:
+    return Step(bound.ring).value()
+
+
+def check(
+    bound: Bound | None = None,
+    depth: int | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> Report:
+    """Breadth first from the empty bridge, within `bound` (its allocations, restarts, faults,
+    uses in flight, spans and ring; `depth` limits the actions per path, None: none). Stops at
+    the first violation, a shortest one. Every state reached is checked; each is kept once."""
+    bound = bound or Bound()
+    report = Report(bound, jobs=jobs)
+    start = time.perf_counter()
+    states: list[State] = [initial(bound)]
+    parents: list[tuple[int, Action | None]] = [(-1, None)]
+    seen: dict[State, int] = {states[0]: 0}
+    checked: set[State] = {states[0]}  # the states whose invariants this process checked
+    frontier = [0]
+    step = Step(bound.ring)
+    pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
+    try:
+        level = 0
+        while frontier and (depth is None or level < depth):
+            next_frontier: list[int] = []
+            for out in _expansions(step, [(i, states[i]) for i in frontier], bound, checked, pool, jobs):
+                report.transitions += out.transitions
+                report.coverage.merge(out.hits, out.edges)
+                for new, parent, action in out.found:
+                    if new not in seen:
+                        seen[new] = len(states)
+                        states.append(new)
+                        parents.append((parent, action))
+                        next_frontier.append(seen[new])
+                if out.violation is not None:
+                    parent, action, error, kill = out.violation
+                    report.violation = Violation((*_path(parents, parent), action), error, kill)
+                    break
+                if progress is not None:
+                    progress(len(states), report.transitions, level + 1)
+            level += 1
+            report.depth = level if next_frontier or report.violation else level - 1
+            if report.violation is not None:
+                break
+            frontier = next_frontier
+        report.exhaustive = report.violation is None and not frontier
+    finally:
+        if pool is not None:
+            pool.terminate()
+    report.states = len(states)
+    report.seconds = time.perf_counter() - start
+    report.coverage.steps, report.coverage.seconds = report.transitions, report.seconds
+    return report
+
+
+def _path(parents: list[tuple[int, Action | None]], index: int) -> list[Action]:
+    path: list[Action] = []
+    while index > 0:
+        index, action = parents[index]
+        assert action is not None
+        path.append(action)
+    return path[::-1]
+
+
+def _expansions(
+    step: Step, frontier: list[tuple[int, State]], bound: Bound, seen: set[State], pool: Any, jobs: int
+) -> Iterator[Expansion]:
+    if pool is None:
+        for i in range(0, len(frontier), 256):
+            yield expand(step, frontier[i : i + 256], bound, seen)
+        return
+    size = max(1, min(256, len(frontier) // (jobs * 8)))
+    yield from pool.imap(_Worker.run, [frontier[i : i + size] for i in range(0, len(frontier), size)])
+
+
+def describe(path: Iterable[Action]) -> str:
+    return " -> ".join(":".join(str(x) for x in a) for a in path)

@@ -1,0 +1,195 @@
+"""The sans-I/O checker: the core and the ring as values, explored without replaying paths.
+
+Its states are values (`LifecycleCore.snapshot`/`restore`, `HostRing.state`/`restore`) in a
+canonical form; every seeded bug in the core or the ring is found by the check it breaks with a
+shortest counterexample, and the Bridge's own bugs are outside its scope (the lockstep checker's:
+`tests/test_checker.py`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+from unittest import mock
+
+import pytest
+from mutants import MUTANTS, VALUES_KILLS
+
+from devbridge.cli import main
+from devbridge.errors import RangeError
+from devbridge.models import sansio
+from devbridge.models.checker import PROFILES, Bound
+from devbridge.ring import HostRange, HostRing
+from devbridge.statemachine.core import LifecycleCore
+
+DEFAULT = PROFILES["default"]
+IN_SCOPE = sorted(name for name, kill in VALUES_KILLS.items() if kill is not None)
+OUT_OF_SCOPE = sorted(name for name, kill in VALUES_KILLS.items() if kill is None)
+TINY = Bound(allocations=1, restarts=1, faults=1, in_flight=2, spans=((0, 8),), ring=8)
+
+
+def test_depth_5_of_the_default_bound_is_clean_and_covers_the_spec() -> None:
+    report = sansio.check(DEFAULT, depth=5)
+    assert report.violation is None and not report.exhaustive
+    assert (report.states, report.transitions, report.depth) == (35435, 175263, 5)
+    assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
+
+
+def test_a_small_bound_is_explored_to_its_last_state() -> None:
+    """Without a depth the search ends when no new state comes: every reachable one was checked."""
+    report = sansio.check(TINY, depth=None)
+    assert report.violation is None and report.exhaustive
+    assert (report.states, report.depth) == (323, 8)
+    assert sansio.check(TINY, depth=report.depth).states == report.states  # depth 8 reaches them all
+
+
+def test_two_processes_explore_exactly_what_one_does() -> None:
+    one, two = sansio.check(DEFAULT, depth=4), sansio.check(DEFAULT, depth=4, jobs=2)
+    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth) == (4339, 16853, 4)
+    assert one.coverage.hits == two.coverage.hits and one.coverage.edges == two.coverage.edges
+    with MUTANTS["missing_raw_edge"]():
+        found = [sansio.check(DEFAULT, depth=4, jobs=jobs).violation for jobs in (1, 2)]
+    assert found[0] is not None and found[1] is not None
+    assert found[0].path == found[1].path and found[0].kill == found[1].kill == "ORDER-1"
+
+
+@pytest.mark.parametrize("name", IN_SCOPE)
+def test_a_seeded_bug_in_the_core_or_the_ring_is_found_by_the_check_it_breaks(name: str) -> None:
+    with MUTANTS[name]():
+        violation = sansio.check(DEFAULT, depth=4).violation
+        assert violation is not None, f"{name} not found"
+        assert violation.kill == VALUES_KILLS[name], f"{name} was caught by {violation.kill}: {violation.error}"
+        shorter = sansio.check(DEFAULT, depth=len(violation.path) - 1)
+        assert shorter.violation is None, "breadth first: no shorter counterexample exists"
+    assert len(violation.path) <= 3
+    print(f"\n{name}: {sansio.describe(violation.path)}\n  {violation.error[:120]}")
+
+
+@pytest.mark.parametrize("name", OUT_OF_SCOPE)
+def test_a_seeded_bug_in_the_bridge_is_outside_its_scope(name: str) -> None:
+    """What the Bridge itself does (its fused paths, its events, its value types, views over the
+    fake) is not run here: these bugs pass, and the lockstep checker finds each of them."""
+    with MUTANTS[name]():
+        assert sansio.check(DEFAULT, depth=4).violation is None
+
+
+def test_a_seeded_bug_that_fails_for_another_reason_is_not_counted_as_caught() -> None:
+    """free_while_in_use written with a wrong signature (no *args: the core is called with
+    the generation) fails at the first free with a TypeError: a kill that is not its own."""
+    original = LifecycleCore.free
+
+    def free(self: LifecycleCore, alloc_id: int) -> Any:
+        record = self.allocation(alloc_id)
+        original(self, alloc_id, record.generation if record else 0)
+        return record
+
+    with mock.patch.object(LifecycleCore, "free", free):
+        violation = sansio.check(DEFAULT, depth=3).violation
+    assert violation is not None and violation.kill == "TypeError", violation
+    assert violation.kill != VALUES_KILLS["free_while_in_use"]
+
+
+# ------------------------------------------------------------ states as values
+
+
+def test_a_core_restored_from_its_snapshot_decides_as_the_original() -> None:
+    core = LifecycleCore()
+    a, b = core.add(8, "spec", "m0"), core.add(8, "spec", "m1")
+    write = core.begin("copy_in", [(a.id, 0)], host=(0, 4), span=(0, 4))
+    read = core.begin("copy_out", [(a.id, 0)], host=(4, 4), span=(2, 6))  # follows the write (RAW)
+    core.begin("view", [(b.id, 0)])
+    assert core.free(a.id, 0) is None  # deferred: free_pending
+    state = core.snapshot()
+    assert hash(state) == hash(core.snapshot())
+    other = LifecycleCore()
+    other.restore(state)
+    assert other.snapshot() == state
+    for c in (core, other):
+        effects = c.end(write.id, ok=True)
+        assert [u.id for u in effects.ready] == [read.id] and effects.release == ()
+        last = c.end(read.id, ok=True)
+        assert [r.memory for r in last.release] == ["m0"] and last.use.host == (4, 4)
+        assert [r.state for r in c.allocations()] == ["computing"]
+    assert other.snapshot() == core.snapshot()
+
+
+def test_a_ring_restored_from_its_state_answers_as_the_original() -> None:
+    ring = HostRing(16)
+    r1, r2 = ring.reserve(8), ring.reserve(4)
+    ring.begin_read(r1)
+    ring.release(r2)
+    state = ring.state()
+    other = HostRing(16)
+    other.restore(state)
+    assert other.state() == state and other.cursor == ring.cursor == 0 and other.head == 12
+    for r in (ring, other):
+        first = HostRange._made(r, 0, 8)  # r1's bytes, as a range of this ring
+        with pytest.raises(RangeError) as refused:
+            r.release(first)
+        assert refused.value.rule == "H2D-3"
+        r.end_read(first, release=True)
+        assert r.cursor == 12 and r.reserve(4).start == 12 and r.reserve(4).start == 16  # wraps
+    assert other.state() == ring.state() == (20, (12, 16), (16, 20), (), (), ())
+
+
+def test_states_that_differ_only_in_which_allocation_is_which_are_one() -> None:
+    step = sansio.Step(16)
+    step.load(sansio.initial(DEFAULT))
+    for action in (("alloc",), ("alloc",), ("copy_in", 1, (0, 4), "async")):
+        step.apply(action)
+    first = step.value()
+    step.load(sansio.initial(DEFAULT))
+    for action in (("alloc",), ("alloc",), ("copy_in", 2, (0, 4), "async")):
+        step.apply(action)
+    assert step.value() == first
+    (_, _, _, records, uses), ring, _, flags = first
+    assert [r[5] for r in records] == ["allocated", "copying"] and flags == ((False, False), (True, False))
+    assert uses == ((0, "copy_in", (2,), (0, 4), 0, False, (0, 4), None),) and ring[1] == (0,)
+
+
+def test_ring_offsets_count_modulo_whole_laps() -> None:
+    """The same bytes in flight a lap later are the same state: offsets move back by the capacity."""
+    step = sansio.Step(16)
+    step.load(sansio.initial(DEFAULT))
+    step.apply(("alloc",))
+    step.apply(("copy_in", 1, (0, 4), "async"))
+    early = step.value()
+    step.load(sansio.initial(DEFAULT))
+    step.apply(("alloc",))
+    for _ in range(4):  # 16 B copied and released: a lap
+        step.apply(("copy_in", 1, (0, 4), "sync"))
+    step.apply(("copy_in", 1, (0, 4), "async"))
+    assert step.ring.state()[1] == (16,)
+    assert step.value()[:2] == early[:2]  # the core and the ring (not the used-flag: copies ran)
+
+
+# ------------------------------------------------------------ the command line
+
+
+def test_cli_runs_both_checkers_and_reports_each(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--values-depth", "3", "--depth", "2", "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"bound: {replace(DEFAULT, depth=2, values_depth=3)}\n")
+    assert "sans-I/O checker (the core and the ring as values): depth 3\n" in out
+    assert "lockstep checker (the Bridge over the fake backend, beside the reference model): depth 2\n" in out
+    assert len(re.findall(r"time: [0-9.]+ s   states/s: [0-9]+ \(1 process, [0-9]+ per process\)", out)) == 2
+    assert main(["check", "--tier", "values", "--values-depth", "all", "--allocations", "1", "--restarts", "1",
+                 "--in-flight", "2", "--spans", "0:8", "--ring", "8", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "every reachable state\ndistinct states: 323 " in out and "lockstep" not in out
+
+
+def test_cli_reports_a_violation_of_either_checker(capsys: pytest.CaptureFixture[str]) -> None:
+    with MUTANTS["missing_waw_edge"]():
+        assert main(["check", "--tier", "values", "--values-depth", "4", "--no-progress", "--jobs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "violations: 1 (shortest: 3 steps)" in out and "[ORDER-1]" in out
+    assert "shortest counterexample (3 steps): alloc -> copy_in:1:(0, 4):async -> copy_in:1:(0, 4):async" in out
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "none"])
+def test_cli_refuses_a_values_depth_that_is_not_one(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["check", "--values-depth", value, "--no-progress"])
+    assert exited.value.code == 2
+    assert "argument --values-depth" in capsys.readouterr().err
