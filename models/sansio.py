@@ -31,6 +31,7 @@ cover those (`tests/test_sansio.py` shows which seeded bugs each finds).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import time
 from collections import Counter
@@ -48,9 +49,13 @@ from devbridge.spec import load as load_spec
 from devbridge.statemachine import default_table
 from devbridge.statemachine.core import USE_EVENTS, CoreState, InvariantViolation, LifecycleCore
 
-#: The core, the ring, faults injected so far, and for each allocation (in the core's order)
-#: whether it was ever used and whether the worker freed it: what `Step` knows of it itself.
-State = tuple[CoreState, RingState, int, tuple[tuple[bool, bool], ...]]
+#: A state, canonical: (generation, faults injected so far, the ring's bookkeeping moved back
+#: by whole laps, the allocations sorted by what they are). Each allocation is (generations
+#: since its own, state, copies, computes, ever used, freed by the worker, extent, its uses in
+#: issue order), each use (kind, device span, host bytes, generation, host kept, the earlier
+#: uses of the allocation it follows, by position; None: none). Allocation n (from 1) of the
+#: order and the uses numbered in it are the ids `Step` restores them with (`unpack`).
+State = tuple[int, int, RingState, tuple[tuple[Any, ...], ...]]
 Action = tuple[Any, ...]
 COPIES = ("copy_in", "copy_out")
 #: How a copy is submitted: synchronous, asynchronous; with a fault: lost (its first query
@@ -141,32 +146,36 @@ class Step:
         self.freed: set[int] = set()  # allocations the worker freed
         self.faults = 0
         self._state: State | None = None  # the state last loaded, and what Step knows of it
+        self.rows: CoreState = self.core.snapshot()  # the loaded state's core, as `snapshot` gives it
         self._known: tuple[dict[int, Use], set[int], set[int], set[int], set[int]] = ({}, set(), set(), set(), set())
 
     # ------------------------------------------------------------ states as values
 
     def load(self, state: State) -> None:
-        core, ring, self.faults, flags = state
-        self.core.restore(core)
-        self.ring.restore(ring)
-        if state is not self._state:  # what Step knows of it, derived once per state
+        """Become `state`: the core and the ring restored, and what Step knows of it."""
+        if state is not self._state:  # derived once per state, restored for each action from it
             self._state = state
+            self.rows, used, freed = unpack(state)
+            uses = self.rows[4]
             self._known = (
-                {u[0]: Use(u[1], u[2][0], u[6], u[3], u[4]) for u in core[4]},
-                {u[0] for u in core[4] if u[1] != "view" and u[7] is None},
-                {r[0] for r in core[3]},
-                {r[0] for r, (used, _) in zip(core[3], flags, strict=True) if used},
-                {r[0] for r, (_, freed) in zip(core[3], flags, strict=True) if freed},
+                {u[0]: Use(u[1], u[2][0], u[6], u[3], u[4]) for u in uses},
+                {u[0] for u in uses if u[1] != "view" and u[7] is None},
+                {r[0] for r in self.rows[3]},
+                used,
+                freed,
             )
-        uses, submitted, live, used, freed = self._known
+        self.core.restore(self.rows)
+        self.ring.restore(state[2])
+        self.faults = state[1]
+        uses_, submitted, live, used, freed = self._known
         self.uses, self.submitted, self.live, self.used, self.freed = (
-            dict(uses), set(submitted), set(live), set(used), set(freed)
+            dict(uses_), set(submitted), set(live), set(used), set(freed)
         )  # fmt: skip
 
     def value(self, cursor: int | None = None) -> State:
-        """The state, canonical: allocations ordered by what they are and renumbered from 1
-        (0 stays a dead key), their uses renumbered in that order, ring offsets moved back by
-        whole laps so that the cursor is in the first.
+        """The state, canonical (`State`): allocations in the order of what they are, their
+        uses by position, ring offsets moved back by whole laps so that the cursor is in the
+        first; which allocation or use had which id is forgotten.
 
         With `cursor` (the ring's before the action), it first checks that what the core and
         the ring record is what was issued: then the value determines everything `check` reads."""
@@ -181,30 +190,20 @@ class Step:
         for u in uses:  # in issue order (the core keeps them so)
             by_alloc[u[2][0]].append(u)
         used, freed = self.used, self.freed
-        signed = []
+        allocations = []
         for r in records:
             mine = by_alloc[r[0]]
             if mine:
                 local = {u[0]: i for i, u in enumerate(mine)}
                 sig = tuple(
-                    (u[1], u[6], u[3] if u[3] is None else (u[3][0] - base, u[3][1]), u[4], u[5],
+                    (u[1], u[6], u[3] if u[3] is None or not base else (u[3][0] - base, u[3][1]), u[4], u[5],
                      u[7] if u[7] is None else tuple(local[b] for b in u[7]))
                     for u in mine
                 )  # fmt: skip
             else:
                 sig = ()
-            signed.append(((generation - r[1], r[5], r[6], r[7], (r[0] in used, r[0] in freed), sig), r, mine))
-        if len(signed) > 1:
-            signed.sort(key=_first)
-        renumber: dict[int, int] = {}
-        new_records, new_uses = [], []
-        for n, (_, r, mine) in enumerate(signed, start=1):
-            new_records.append((n, r[1], r[2], None, n, r[5], r[6], r[7]))
-            for u in mine:
-                renumber[u[0]] = len(renumber)
-                host = u[3] if u[3] is None else (u[3][0] - base, u[3][1])
-                after = u[7] if u[7] is None else tuple(renumber[b] for b in u[7])  # earlier: renumbered
-                new_uses.append((renumber[u[0]], u[1], (n,), host, u[4], u[5], u[6], after))
+            allocations.append((generation - r[1], r[5], r[6], r[7], r[0] in used, r[0] in freed, r[2], sig))
+        allocations.sort()
         if base:
             ring = (
                 head - base,
@@ -212,8 +211,7 @@ class Step:
                 tuple(e - base for e in ring[2]),
                 *(tuple((s - base, e - base) for s, e in spans) for spans in ring[3:]),
             )  # type: ignore[assignment]
-        core = (generation, len(new_records) + 1, len(renumber), tuple(new_records), tuple(new_uses))
-        return core, ring, self.faults, tuple(sig[4] for sig, _, _ in signed)
+        return generation, self.faults, ring, tuple(allocations)
 
     def track(self, records: tuple[tuple[Any, ...], ...], uses: tuple[tuple[Any, ...], ...], cursor: int) -> None:
         """The core's records and uses (a snapshot's) are what was issued, its held-back uses
@@ -348,8 +346,10 @@ class Step:
             self.refused(rule, lambda: self.core.fire(*key, event))
 
     def refused(self, rule: str | None, call: Callable[[], object]) -> None:
-        """`call` raises `rule`'s error (None: none) and changes nothing."""
-        before = (self.core.snapshot(), self.ring.state())
+        """`call` raises `rule`'s error (None: none) and changes nothing: the core and the ring
+        are still the state loaded (refusals are actions of their own, taken from it)."""
+        assert self._state is not None
+        before = (self.rows, self._state[2])
         try:
             call()
         except BridgeError as e:
@@ -544,9 +544,31 @@ def dead_state(generation: int, current: int) -> str:
     return "freed" if generation == current else "stale"
 
 
-def enabled(state: State, bound: Bound) -> list[Action]:
-    """Every action the bound allows from `state` (canonical), in a fixed order."""
-    (generation, _, _, records, uses), (_, starts, ends, *_), faults, _ = state
+def unpack(state: State) -> tuple[CoreState, set[int], set[int]]:
+    """A canonical state's core as `LifecycleCore.snapshot` gives it (allocation n of the order
+    has id n, its memory n; uses numbered in order), and which allocations were used, freed."""
+    generation, _, _, allocations = state
+    records: list[tuple[Any, ...]] = []
+    uses: list[tuple[Any, ...]] = []
+    used, freed = set(), set()
+    for n, (age, state_, copies, computes, was_used, was_freed, extent, mine) in enumerate(allocations, start=1):
+        records.append((n, generation - age, extent, None, n, state_, copies, computes))
+        if was_used:
+            used.add(n)
+        if was_freed:
+            freed.add(n)
+        first = len(uses)
+        for kind, span, host, use_generation, keep_host, after in mine:
+            follows = None if after is None else tuple(first + i for i in after)
+            uses.append((len(uses), kind, (n,), host, use_generation, keep_host, span, follows))
+    return (generation, len(records) + 1, len(uses), tuple(records), tuple(uses)), used, freed
+
+
+def enabled(state: State, core: CoreState, bound: Bound) -> list[Action]:
+    """Every action the bound allows from `state` (canonical; `core`: its core unpacked), in a
+    fixed order."""
+    generation, faults, (_, starts, ends, *_), _ = state
+    records, uses = core[3], core[4]
     can_fail = faults < bound.faults
     idle_modes = MODES + FAULTY if can_fail else MODES
     busy_modes = (*idle_modes, "sync_fails") if can_fail else MODES
@@ -635,8 +657,9 @@ def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: 
     step.core.observer, step.core.edge_observer = coverage.record, coverage.record_edge
     out = Expansion(hits=coverage.hits, edges=coverage.edges)
     for index, state in batch:
-        loaded = False
-        for action in enabled(state, bound):
+        step.load(state)
+        loaded = True
+        for action in enabled(state, step.rows, bound):
             out.transitions += 1
             if not loaded:
                 step.load(state)
@@ -696,6 +719,8 @@ def check(
     checked: set[State] = {states[0]}  # the states whose invariants this process checked
     frontier = [0]
     step = Step(bound.ring)
+    collecting = gc.isenabled()
+    gc.disable()  # nothing here makes a reference cycle; a collection would walk every state kept, again and again
     pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
     try:
         level = 0
@@ -725,6 +750,8 @@ def check(
     finally:
         if pool is not None:
             pool.terminate()
+        if collecting:
+            gc.enable()
     report.states = len(states)
     report.seconds = time.perf_counter() - start
     report.coverage.steps, report.coverage.seconds = report.transitions, report.seconds

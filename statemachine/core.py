@@ -406,17 +406,16 @@ class LifecycleCore:
         )  # fmt: skip
 
     def restore(self, state: CoreState) -> None:
-        """Become the core `state` was taken from (the per-use links are rebuilt from it)."""
+        """Become the core `state` was taken from (the per-use links are rebuilt from it; its uses
+        in issue order, as `snapshot` gives them)."""
         self.generation, self._next_allocation, self._next_use, records, uses = state
-        self._allocations = {
-            r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], copies=r[6], computes=r[7]) for r in records
-        }
-        self._inflight = {}
-        for uid, kind, allocations, host, generation, keep_host, span, after in sorted(uses, key=_first):
+        self._allocations = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
+        self._inflight = inflight = {}
+        for uid, kind, allocations, host, generation, keep_host, span, after in uses:  # in issue order
             use = InFlight(uid, kind, allocations, host, generation, keep_host, span, set(after) if after else None)
-            self._inflight[uid] = use
+            inflight[uid] = use
             for earlier in after or ():  # followers in issue order, as `begin` appends them
-                before = self._inflight[earlier]
+                before = inflight[earlier]
                 if before.followers is None:
                     before.followers = []
                 before.followers.append(use)
@@ -462,10 +461,6 @@ class LifecycleCore:
         if step.dest in self._table.terminal:
             del self._allocations[alloc_id]
         return record if step.release else None
-
-
-def _first(row: tuple[Any, ...]) -> Any:
-    return row[0]
 
 
 def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
