@@ -94,6 +94,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
+    fleet = commands.add_parser(
+        "fleet", help="N Ray actors, each a worker with its own bridge and device (pip install 'devbridge[ray]')"
+    )
+    fleet.add_argument("--workers", type=at_least(1), default=2, help="Ray actors (default 2)")
+    fleet.add_argument("--objects", type=at_least(1), default=600, help="synthetic objects (default 600)")
+    fleet.add_argument("--batch", type=at_least(1), default=50, help="objects per actor call (default 50)")
+    fleet.add_argument(
+        "--kill-every",
+        type=at_least(0),
+        default=0,
+        help="kill an actor with a batch in flight (ray.kill) each time K more objects are delivered",
+    )
+    fleet.add_argument("--backend", choices=("fake", "tinygrad"), default="tinygrad")
+    fleet.add_argument("--device", default=None, help="devices, one per actor in turn (default: CPU:0,CPU:1,...)")
+    fleet.add_argument("--faults", type=probability, default=0.0, help="as demo's, in each actor")
+    fleet.add_argument("--restart-every", type=at_least(1), default=0, help="as demo's, in each actor")
+    fleet.add_argument("--seed", type=int, default=0)
+    fleet.add_argument("--address", default=None, help="a Ray cluster to join (default: a local Ray)")
+    fleet.add_argument("--json", action="store_true", help="print the summary as JSON")
+    fleet.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     commands.add_parser(
         "bench", help="every speed and memory goal, bridge beside raw tinygrad (see bench -h)", add_help=False
     )
@@ -109,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "fleet":
+        return run_fleet_command(args)
     if args.command == "demo" and args.device is not None and "," in args.device:
         return run_devices_command(args)
     backend = open_backend(args)
@@ -330,6 +352,47 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
             f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
         )
     return 0 if clean else 1
+
+
+def run_fleet_command(args: argparse.Namespace) -> int:
+    """`fleet`: Ray actors, one bridge and device each (fleet.run_fleet)."""
+    from tqdm import tqdm
+
+    from devbridge.fleet import FleetUnavailable, ray_module, run_fleet
+
+    try:
+        ray_module()
+    except FleetUnavailable as e:
+        return usage_error("fleet", str(e))
+    devices: list[str | None] = [None]
+    if args.device is not None:
+        devices = list(args.device.split(","))
+        if not all(devices):
+            return usage_error("fleet", f"--device needs device names, got {args.device!r}")
+    elif args.backend == "tinygrad":
+        devices = [f"CPU:{i}" for i in range(args.workers)]
+    if any(open_backend(args, device) is None for device in devices):  # each checked here, before Ray starts
+        return 2
+    with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
+
+        def progress(done: int) -> None:
+            bar.update(done - bar.n)
+
+        s = run_fleet(
+            args.objects, args.workers, args.backend, devices, args.kill_every, args.batch, args.faults,
+            args.restart_every, args.seed, args.address, progress,
+        )  # fmt: skip
+    actors = "\n".join(
+        f"  {a.device}: {a.batches} batches, {a.objects} objects, busy {a.busy_s:.2f} s, {a.killed} killed"
+        for a in s.actors
+    )
+    text = (
+        f"objects {s.objects}  delivered {s.delivered}  lost {s.lost}  duplicated {s.duplicated}  wrong {s.wrong}\n"
+        f"{s.workers} actor{'s' if s.workers != 1 else ''}:\n{actors}\n"
+        f"killed {s.kills}, replaced {s.replaced}, redelivered {s.redelivered} objects; bridge restarts {s.restarts}\n"
+        f"{s.seconds:.2f} s, {s.objects_per_s:.1f} objects/s"
+    )
+    return show(args, s, text, s.clean)
 
 
 def run_devices_command(args: argparse.Namespace) -> int:

@@ -245,6 +245,7 @@ class Worker:
         self.delivered: Counter[int] = Counter()
         self.deliveries = 0  # sum(self.delivered.values()), kept as it grows: the loop reads it every pass
         self.wrong = 0
+        self.wrong_ks: list[int] = []  # the objects whose output was wrong
         self.failures_retried = 0
         self.failures_in_a_row = 0  # since the last delivery (GIVE_UP_AFTER)
         self.free_failures = 0
@@ -502,6 +503,7 @@ class Worker:
         expected = self.expected.pop(job.k)
         if not (np.abs(got - expected) <= TOLERANCE * (1 + np.abs(expected))).all():  # np.allclose, 10x cheaper
             self.wrong += 1
+            self.wrong_ks.append(job.k)
         self.delivered[job.k] += 1
         self.deliveries += 1
         self.failures_in_a_row = 0

@@ -52,7 +52,7 @@ FILES = (
 )
 EQUIVALENT = ROOT / "scripts" / "equivalent-mutants.toml"
 #: Too slow to run for every mutant: they only see the survivors of the rest.
-SLOW = ("tests/test_stateful.py", "tests/test_checker.py")
+SLOW = ("tests/test_stateful.py", "tests/test_checker.py", "tests/test_sansio.py")
 #: Not run at all: they time the machine or run the bench, the example or pytest in a child
 #: process (lines they run are not seen), seed bugs of their own (test_mutants), or test the
 #: installed package, a wheel, the set-up or the import graph in child processes (which import
@@ -66,6 +66,7 @@ SKIPPED = (
     "tests/test_house.py",
     "tests/test_layers.py",
     "tests/test_wheel.py",
+    "tests/test_fleet.py",
 )
 
 COMPARE = {

@@ -55,3 +55,14 @@ def test_the_devices_benchmark_runs_one_device_beside_two(capsys: pytest.Capture
     assert (report["objects"], report["rounds"], report["devices"]["devices"]) == (20, 1, ["CPU:0", "CPU:1"])
     assert report["one_device"]["objects_per_s"] > 0 and report["devices"]["objects_per_s"] > 0
     assert report["ratio"] == report["devices"]["objects_per_s"] / report["one_device"]["objects_per_s"]
+
+
+def test_the_fleet_benchmark_runs_one_actor_beside_two(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray", reason="the fleet's benchmark needs the ray extra: pip install 'devbridge[ray]'")
+    from devbridge.bench import fleet
+
+    assert fleet.main(["--objects", "20", "--batch", "10", "--rounds", "1", "--backend", "fake", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["objects"], report["batch"], report["rounds"], report["backend"]) == (20, 10, 1, "fake")
+    assert report["one_actor"]["objects_per_s"] > 0 and report["two_actors"]["objects_per_s"] > 0
+    assert report["ratio"] == report["two_actors"]["objects_per_s"] / report["one_actor"]["objects_per_s"]

@@ -1,0 +1,116 @@
+"""The fleet on Ray: every object delivered exactly once, by id, while actors are killed.
+
+Skipped, with the reason, where the `ray` extra is not installed (`pip install 'devbridge[ray]'`;
+`scripts/setup` installs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from devbridge.errors import InvalidArgumentError
+from devbridge.fleet import FleetUnavailable, ray_module, run_fleet
+
+ray: Any = pytest.importorskip("ray", reason="the fleet's tests need the ray extra: pip install 'devbridge[ray]'")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """One local Ray for the module's tests (run_fleet uses a running one and leaves it running)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "devbridge", *argv], capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=Path(__file__).parent.parent.parent,
+    )  # fmt: skip
+
+
+def test_killed_actors_lose_nothing_and_duplicate_nothing(cluster: None) -> None:
+    """12 batches of 25 over two actors on the fake backend; each time 100 more objects are
+    delivered an actor with a batch in flight is killed: its batch is redone by another actor
+    and a new actor takes its place. Counted by object id: 300 delivered once each."""
+    s = run_fleet(objects=300, workers=2, backend="fake", kill_every=100, batch=25)
+    assert (s.objects, s.delivered, s.lost, s.duplicated, s.wrong) == (300, 300, 0, 0, 0) and s.clean
+    assert s.kills == 2 and s.replaced == 2 and s.redelivered == 50  # each killed call held one batch of 25
+    assert sum(a.killed for a in s.actors) == 2
+    assert sum(a.objects for a in s.actors) == 300 and sum(a.batches for a in s.actors) == 12
+    assert ray.is_initialized()  # it used the running Ray and left it running
+
+
+def test_a_batch_that_always_fails_is_tried_a_bounded_number_of_times(cluster: None) -> None:
+    """A backend that fails nearly everything makes each worker give up (WorkerStalled); the
+    batch is tried again on a live actor, then counted lost: the run ends, and says so."""
+    s = run_fleet(objects=10, workers=2, backend="fake", batch=10, faults=0.999)
+    assert (s.delivered, s.lost, s.duplicated) == (0, 10, 0) and not s.clean
+    assert sum(a.batches for a in s.actors) == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "detail"),
+    [
+        ({"workers": 0}, "workers must be an int >= 1, got 0"),
+        ({"batch": 0}, "batch must be an int >= 1, got 0"),
+        ({"kill_every": -1}, "kill_every must be an int >= 0, got -1"),
+        ({"objects": 0}, "objects must be an int >= 1, got 0"),
+        ({"devices": []}, "devices must name at least one device"),
+    ],
+)
+def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], detail: str) -> None:
+    started = ray.is_initialized()
+    with pytest.raises(InvalidArgumentError) as refused:
+        run_fleet(**{"backend": "fake", **options})
+    assert refused.value.rule == "ARG-1" and refused.value.detail == detail
+    assert ray.is_initialized() == started
+
+
+def test_without_ray_the_fleet_says_how_to_get_it() -> None:
+    with mock.patch("devbridge.fleet.importlib.import_module", side_effect=ImportError("no ray")):
+        with pytest.raises(FleetUnavailable, match=r"pip install 'devbridge\[ray\]'"):
+            ray_module()
+        with pytest.raises(FleetUnavailable):
+            run_fleet(objects=4, backend="fake")
+
+
+def test_cli_two_tinygrad_actors_with_kills_deliver_every_object_once() -> None:
+    """The issue's run: `devbridge fleet --workers 2 --kill-every 200` (600 objects, batches of
+    50, actors on CPU:0 and CPU:1 of tinygrad), from a shell."""
+    got = run_cli("fleet", "--workers", "2", "--kill-every", "200", "--no-progress", "--json")
+    assert got.returncode == 0, got.stderr[-2000:]
+    s = json.loads(got.stdout)
+    assert (s["objects"], s["delivered"], s["lost"], s["duplicated"], s["wrong"]) == (600, 600, 0, 0, 0)
+    assert s["kills"] == s["replaced"] == 2 and s["redelivered"] == 100
+    assert [a["device"] for a in s["actors"]] == ["CPU:0", "CPU:1"]
+    text = run_cli("fleet", "--workers", "1", "--objects", "40", "--batch", "20", "--backend", "fake", "--no-progress")
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert text.stdout.startswith(
+        "objects 40  delivered 40  lost 0  duplicated 0  wrong 0\n1 actor:\n  None: 2 batches"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+        (["--kill-every", "-2"], "argument --kill-every: must be at least 0, got -2"),
+        (["--device", "NOPE"], "devbridge fleet: error:"),
+        (["--backend", "fake", "--device", "CPU:0"], "--device names a tinygrad device; the fake backend has none"),
+    ],
+)
+def test_cli_refuses_bad_options_in_one_line(argv: list[str], message: str) -> None:
+    got = run_cli("fleet", "--no-progress", *argv, timeout=60)
+    assert got.returncode == 2 and got.stdout == ""
+    assert message in got.stderr.strip().splitlines()[-1]  # the error is one line (after argparse's usage)
+    assert "Traceback" not in got.stderr
