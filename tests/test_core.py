@@ -225,3 +225,16 @@ def test_a_dead_allocation_past_a_bypassed_check_is_still_refused_with_the_rule(
         with pytest.raises(error, match=rf"\[{rule}\] copy_begin rejected: allocation #0 \(generation 0\) is "):
             bridge._core.instant("copy_in", (h.id, h.generation))
     assert fake.ops() == ["alloc", "free"]
+
+
+def test_closure_follows_a_chain_of_uses_to_its_oldest() -> None:
+    """Four copies of one allocation, each overlapping only the one before it: the last follows
+    the third directly and the first through two others. Its closure is all four, the oldest
+    first (what a blocking call waits for: the one use of the chain on the device)."""
+    core = LifecycleCore()
+    a = core.add(16, "spec", "memory").id
+    spans = [(0, 4), (2, 6), (5, 9), (8, 12)]  # each overlaps the next only
+    uses = [core.begin("copy_in", [(a, 0)], host=(i, 4), span=span) for i, span in enumerate(spans)]
+    assert [sorted(u.after or ()) for u in uses] == [[], [uses[0].id], [uses[1].id], [uses[2].id]]
+    assert [u.id for u in core.closure([uses[3]])] == [u.id for u in uses]
+    assert [u.id for u in core.closure([uses[2]])] == [u.id for u in uses[:3]]

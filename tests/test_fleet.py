@@ -16,6 +16,7 @@ from unittest import mock
 
 import pytest
 
+from devbridge.cli import main
 from devbridge.errors import InvalidArgumentError
 from devbridge.fleet import FleetUnavailable, ray_module, run_fleet
 
@@ -76,12 +77,16 @@ def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], deta
     assert ray.is_initialized() == started
 
 
-def test_without_ray_the_fleet_says_how_to_get_it() -> None:
+def test_without_ray_the_fleet_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
     with mock.patch("devbridge.fleet.importlib.import_module", side_effect=ImportError("no ray")):
         with pytest.raises(FleetUnavailable, match=r"pip install 'devbridge\[ray\]'"):
             ray_module()
         with pytest.raises(FleetUnavailable):
             run_fleet(objects=4, backend="fake")
+        assert main(["fleet", "--backend", "fake", "--objects", "4", "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "devbridge fleet: error: the fleet runs on Ray: pip install 'devbridge[ray]'\n"
 
 
 def test_cli_two_tinygrad_actors_with_kills_deliver_every_object_once() -> None:

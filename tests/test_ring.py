@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from rules import refused
 from support import put
 
-from devbridge import Bridge, DeviceRange, HostRange, HostRing, ObjectSpec, RingFullError
+from devbridge import (
+    Bridge,
+    DeviceRange,
+    HostRange,
+    HostRing,
+    ObjectSpec,
+    OutputNotReadyError,
+    RangeError,
+    RingFullError,
+)  # fmt: skip
 from devbridge.backends.fake import FakeBackend
 
 
@@ -278,3 +288,29 @@ def test_a_full_ring_names_its_largest_free_stretch(steps: str, largest: int) ->
     assert ring.snapshot() == before
     if largest:
         assert ring.reserve(largest).nbytes == largest  # and that much does fit
+
+
+def test_an_input_copy_may_not_read_bytes_a_failed_output_left() -> None:
+    """Bytes an output copy failed to write are never readable (D2H-3), not even by an input
+    copy: check_source refuses them; check_dest refuses released bytes (RING-3)."""
+    ring = HostRing(16)
+    r = ring.reserve(8)
+    ring.begin_write(r)
+    ring.end_write(r, valid=False)
+    with pytest.raises(OutputNotReadyError) as failed:
+        ring.check_source(r)
+    assert failed.value.rule == "D2H-3"
+    before = ring.state()
+    ring.release(r)  # the worker gives the failed bytes back
+    assert ring.state() != before and ring.released(r)
+    for check in (ring.check_dest, ring.check_source):
+        with pytest.raises(RangeError) as gone:
+            check(r)
+        assert gone.value.rule == "RING-3"
+
+
+def test_a_host_range_holds_plain_ints_and_does_not_print_its_ring() -> None:
+    ring = HostRing(16)
+    r = HostRange(ring, np.int64(4), np.uint8(8))
+    assert (r.start, r.nbytes, type(r.start), type(r.nbytes)) == (4, 8, int, int)
+    assert repr(r) == "HostRange(start=4, nbytes=8)"
