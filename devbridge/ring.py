@@ -214,28 +214,13 @@ class HostRing:
     def snapshot(self) -> tuple[object, ...]:
         """Everything the ring knows, for tests asserting that a rejected call changed nothing."""
         with self._lock:
-            return (
-                self._head,
-                tuple(self._starts),
-                tuple(self._ends),
-                tuple(sorted(self._reads)),
-                tuple(sorted(self._writes)),
-                tuple(sorted(self._failed)),
-                bytes(self._memory),
-            )
+            return (*self._bookkeeping(), bytes(self._memory))
 
     def state(self) -> RingState:
         """Its bookkeeping as a value, without the bytes (`restore` takes it back): a model
         checker keeps states as values instead of replaying paths to them."""
         with self._lock:
-            return (
-                self._head,
-                tuple(self._starts),
-                tuple(self._ends),
-                tuple(sorted(self._reads)),
-                tuple(sorted(self._writes)),
-                tuple(sorted(self._failed)),
-            )
+            return self._bookkeeping()
 
     def restore(self, state: RingState) -> None:
         """Take back the bookkeeping `state()` gave (the bytes stay as they are)."""
@@ -246,6 +231,16 @@ class HostRing:
             self._reads, self._writes, self._failed = list(reads), list(writes), list(failed)
 
     # ------------------------------------------------------------ mechanics
+
+    def _bookkeeping(self) -> RingState:  # the lock held
+        return (
+            self._head,
+            tuple(self._starts),
+            tuple(self._ends),
+            tuple(sorted(self._reads)),
+            tuple(sorted(self._writes)),
+            tuple(sorted(self._failed)),
+        )
 
     def _largest_free(self) -> int:
         """The longest reservation that would fit now (for messages)."""

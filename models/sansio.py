@@ -41,7 +41,7 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
-from devbridge.models.checker import EXTENT, Bound
+from devbridge.models.checker import EXTENT, Bound, summary
 from devbridge.models.coverage import Coverage
 from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
@@ -627,17 +627,12 @@ class Report:
     violation: Violation | None = None
 
     def summary(self) -> str:
-        rate = self.states / max(self.seconds, 1e-9)
         reach = "every reachable state" if self.exhaustive else f"depth {self.depth}"
-        lines = [
+        shortest = None if self.violation is None else len(self.violation.path)
+        return summary(
             f"sans-I/O checker (the core and the ring as values): {reach}",
-            f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
-            f"time: {self.seconds:.1f} s   states/s: {rate:.0f} "
-            f"({self.jobs} process{'es' if self.jobs > 1 else ''}, {rate / self.jobs:.0f} per process)",
-            self.coverage.covered(),
-            "violations: " + ("none" if self.violation is None else f"1 (shortest: {len(self.violation.path)} steps)"),
-        ]
-        return "\n".join(lines)
+            self.states, self.transitions, self.depth, self.seconds, self.jobs, self.coverage, shortest,
+        )  # fmt: skip
 
 
 @dataclass
