@@ -9,11 +9,12 @@ decision, with each state a value:
   back behind which (ORDER-1), what a use's end reports;
 - `HostRing`: when host bytes are released, readable, writable.
 
-A state is `(core.snapshot(), ring.state(), faults used)`, put in a canonical
-form (allocations and uses renumbered, ring offsets shifted by whole laps), so
-a state is restored, one action applied, and the result taken as a value: no
-replay, and symmetric states (which allocation is which) are one. Without a
-depth the search is exhaustive: every state the bound allows is reached.
+A state is the core's `snapshot()` and the ring's `state()` put in a canonical
+form (`State`: allocations sorted by what they are, uses by position, ring
+offsets moved back by whole laps), so a state is restored, one action
+applied, and the result taken as a value: no replay, and symmetric states
+(which allocation is which) are one. Without a depth the search is
+exhaustive: every state the bound allows is reached.
 
 What drives the core and the ring is `Step`, the calls the Bridge makes on
 them for each API call, over a device that runs submitted uses and ends them
@@ -518,10 +519,6 @@ class Step:
         else:
             raise ValueError(f"unknown action {action}")
         return True
-
-
-def _first(row: tuple[Any, ...]) -> Any:
-    return row[0]
 
 
 def _hits(host: tuple[int, int] | None, start: int, end: int) -> bool:
