@@ -244,7 +244,6 @@ class Worker:
         self.expected: dict[int, np.ndarray[Any, Any]] = {}
         self.delivered: Counter[int] = Counter()
         self.deliveries = 0  # sum(self.delivered.values()), kept as it grows: the loop reads it every pass
-        self.wrong = 0
         self.wrong_ks: list[int] = []  # the objects whose output was wrong
         self.failures_retried = 0
         self.failures_in_a_row = 0  # since the last delivery (GIVE_UP_AFTER)
@@ -270,6 +269,11 @@ class Worker:
             self.weight_ring.view(r)[:] = w.tobytes()
             self.weight_src[name] = r
         self.producer = Producer(self.inputs, ks, seed, shapes, self.space, self.weights_np)
+
+    @property
+    def wrong(self) -> int:
+        """Objects whose output was wrong."""
+        return len(self.wrong_ks)
 
     # ------------------------------------------------------------ the loop
 
@@ -502,7 +506,6 @@ class Worker:
         got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(self.shapes.rows, self.shapes.d_out)
         expected = self.expected.pop(job.k)
         if not (np.abs(got - expected) <= TOLERANCE * (1 + np.abs(expected))).all():  # np.allclose, 10x cheaper
-            self.wrong += 1
             self.wrong_ks.append(job.k)
         self.delivered[job.k] += 1
         self.deliveries += 1

@@ -100,7 +100,9 @@ class Violation:
 
 
 @dataclass
-class Report:
+class Figures:
+    """What a checker's search counted; its `summary` prints them (both checkers' reports)."""
+
     bound: Bound
     states: int = 0
     transitions: int = 0
@@ -108,41 +110,33 @@ class Report:
     seconds: float = 0.0
     jobs: int = 1  # processes that explored
     coverage: Coverage = field(default_factory=lambda: Coverage(default_table(), "checker"))
+
+    def figures(self, title: str, shortest: int | None) -> str:
+        """The title, states, transitions, states/s in all and per process, spec coverage, and
+        the violation's length (`shortest`; None: none)."""
+        rate = self.states / max(self.seconds, 1e-9)
+        return "\n".join(
+            [
+                title,
+                f"distinct states: {self.states}   transitions: {self.transitions}   depth reached: {self.depth}",
+                f"time: {self.seconds:.1f} s   states/s: {rate:.0f} "
+                f"({self.jobs} process{'es' if self.jobs > 1 else ''}, {rate / self.jobs:.0f} per process)",
+                self.coverage.covered(),
+                "violations: " + ("none" if shortest is None else f"1 (shortest: {shortest} steps)"),
+            ]
+        )
+
+
+@dataclass
+class Report(Figures):
     violation: Violation | None = None
 
     def summary(self) -> str:
-        title = (
-            f"lockstep checker (the Bridge over the fake backend, beside the reference model): depth {self.bound.depth}"
+        return self.figures(
+            "lockstep checker (the Bridge over the fake backend, beside the reference model): "
+            f"depth {self.bound.depth}",
+            None if self.violation is None else len(self.violation.path),
         )
-        shortest = None if self.violation is None else len(self.violation.path)
-        return summary(
-            title, self.states, self.transitions, self.depth, self.seconds, self.jobs, self.coverage, shortest
-        )
-
-
-def summary(
-    title: str,
-    states: int,
-    transitions: int,
-    depth: int,
-    seconds: float,
-    jobs: int,
-    coverage: Coverage,
-    shortest: int | None,
-) -> str:
-    """A checker's figures: states, transitions, states/s in all and per process, spec
-    coverage, and the violation's length (`shortest`; None: none)."""
-    rate = states / max(seconds, 1e-9)
-    return "\n".join(
-        [
-            title,
-            f"distinct states: {states}   transitions: {transitions}   depth reached: {depth}",
-            f"time: {seconds:.1f} s   states/s: {rate:.0f} "
-            f"({jobs} process{'es' if jobs > 1 else ''}, {rate / jobs:.0f} per process)",
-            coverage.covered(),
-            "violations: " + ("none" if shortest is None else f"1 (shortest: {shortest} steps)"),
-        ]
-    )
 
 
 # ------------------------------------------------------------ actions

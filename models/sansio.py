@@ -42,7 +42,7 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
-from devbridge.models.checker import EXTENT, Bound, summary
+from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
 from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
@@ -612,24 +612,16 @@ class Violation:
 
 
 @dataclass
-class Report:
-    bound: Bound
-    states: int = 0
-    transitions: int = 0
-    depth: int = 0
-    seconds: float = 0.0
-    jobs: int = 1
+class Report(Figures):
     exhaustive: bool = False  # the search ran out of new states before any depth limit
-    coverage: Coverage = field(default_factory=lambda: Coverage(default_table(), "sans-I/O checker"))
     violation: Violation | None = None
 
     def summary(self) -> str:
         reach = "every reachable state" if self.exhaustive else f"depth {self.depth}"
-        shortest = None if self.violation is None else len(self.violation.path)
-        return summary(
+        return self.figures(
             f"sans-I/O checker (the core and the ring as values): {reach}",
-            self.states, self.transitions, self.depth, self.seconds, self.jobs, self.coverage, shortest,
-        )  # fmt: skip
+            None if self.violation is None else len(self.violation.path),
+        )
 
 
 @dataclass
