@@ -36,7 +36,8 @@ import gc
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, NamedTuple
@@ -67,6 +68,7 @@ COPIES = ("copy_in", "copy_out")
 MODES = ("sync", "async")
 FAULTY = ("lost", "async_fails")
 DEAD = 0  # an allocation id no record ever has: a freed (or stale) handle's key
+FORK_AT = 16  # frontier states per process below which a level is expanded here, unforked
 
 SPEC = load_spec()
 #: The spec's data, read here and not through the core: what the checks compare against.
@@ -653,31 +655,34 @@ def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: 
                 if loaded:
                     continue
                 new = step.value(cursor)
-                if new in known:
+                size = len(known)
+                known.add(new)  # one hash of the nested tuple, not two (`in`, then `add`)
+                if len(known) == size:
                     continue
                 step.check()
             except Exception as e:  # any failure is a violation; the kill says which check caught it
                 out.violation = (index, action, f"{type(e).__name__}: {e}", kill_of(e))
                 return out
-            known.add(new)
             out.found.append((new, index, action))
     return out
 
 
-class _Worker:
-    """A forked worker: expands chunks of one level (its Step built once)."""
+class _Level:
+    """What the workers forked for one level inherit (fork: copied on write, never sent): every
+    state so far, the level's frontier (indices into them), and the set of those seen. A worker
+    expands chunks of the frontier, given as index ranges, and returns only states that no
+    earlier level reached: nothing crosses a pipe but the new states."""
 
     bound: ClassVar[Bound]
     step: ClassVar[Step]
-    known: ClassVar[set[State]]  # every state this worker checked or was given
+    states: ClassVar[list[State]]
+    frontier: ClassVar[list[int]]
+    known: ClassVar[set[State]]  # the states seen before the fork, then those this worker found
 
     @classmethod
-    def start(cls, bound: Bound) -> None:
-        cls.bound, cls.step, cls.known = bound, Step(bound.ring), set()
-
-    @classmethod
-    def run(cls, batch: list[tuple[int, State]]) -> Expansion:
-        cls.known.update(state for _, state in batch)
+    def run(cls, chunk: tuple[int, int]) -> Expansion:
+        states = cls.states
+        batch = [(i, states[i]) for i in cls.frontier[chunk[0] : chunk[1]]]
         return expand(cls.step, batch, cls.bound, cls.known)
 
 
@@ -699,32 +704,38 @@ def check(
     start = time.perf_counter()
     states: list[State] = [initial(bound)]
     parents: list[tuple[int, Action | None]] = [(-1, None)]
-    seen: dict[State, int] = {states[0]: 0}
-    checked: set[State] = {states[0]}  # the states whose invariants this process checked
+    # every state reached: expanded here, `expand` adds each as it finds it (so all it finds are
+    # new); by forked workers, each adds to its own copy, and here the repeats are dropped
+    seen: set[State] = {states[0]}
     frontier = [0]
     step = Step(bound.ring)
     collecting = gc.isenabled()
     gc.disable()  # nothing here makes a reference cycle; a collection would walk every state kept, again and again
-    pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
     try:
         level = 0
         while frontier and (depth is None or level < depth):
             next_frontier: list[int] = []
-            for out in _expansions(step, [(i, states[i]) for i in frontier], bound, checked, pool, jobs):
-                report.transitions += out.transitions
-                report.coverage.merge(out.hits, out.edges)
-                for new, parent, action in out.found:
-                    if new not in seen:
-                        seen[new] = len(states)
+            forked = jobs > 1 and len(frontier) >= FORK_AT * jobs
+            # closed at the level's end (even at a violation): its forked workers end with it
+            with closing(_expansions(step, bound, states, frontier, seen, jobs if forked else 1)) as expansions:
+                for out in expansions:
+                    report.transitions += out.transitions
+                    report.coverage.merge(out.hits, out.edges)
+                    for new, parent, action in out.found:
+                        if forked:  # a worker knows what it found, not what the others did
+                            size = len(seen)
+                            seen.add(new)
+                            if len(seen) == size:
+                                continue
+                        next_frontier.append(len(states))
                         states.append(new)
                         parents.append((parent, action))
-                        next_frontier.append(seen[new])
-                if out.violation is not None:
-                    parent, action, error, kill = out.violation
-                    report.violation = Violation((*_path(parents, parent), action), error, kill)
-                    break
-                if progress is not None:
-                    progress(len(states), report.transitions, level + 1)
+                    if out.violation is not None:
+                        parent, action, error, kill = out.violation
+                        report.violation = Violation((*_path(parents, parent), action), error, kill)
+                        break
+                    if progress is not None:
+                        progress(len(states), report.transitions, level + 1)
             level += 1
             report.depth = level if next_frontier or report.violation else level - 1
             if report.violation is not None:
@@ -732,8 +743,6 @@ def check(
             frontier = next_frontier
         report.exhaustive = report.violation is None and not frontier
     finally:
-        if pool is not None:
-            pool.terminate()
         if collecting:
             gc.enable()
     report.states = len(states)
@@ -752,14 +761,22 @@ def _path(parents: list[tuple[int, Action | None]], index: int) -> list[Action]:
 
 
 def _expansions(
-    step: Step, frontier: list[tuple[int, State]], bound: Bound, seen: set[State], pool: Any, jobs: int
-) -> Iterator[Expansion]:
-    if pool is None:
+    step: Step, bound: Bound, states: list[State], frontier: list[int], seen: set[State], jobs: int
+) -> Generator[Expansion, None, None]:
+    """The level's expansions, in frontier order (so the first violation is the one a single
+    process finds). With `jobs`, by processes forked for this level, which inherit the states."""
+    if jobs == 1:
         for i in range(0, len(frontier), 256):
-            yield expand(step, frontier[i : i + 256], bound, seen)
+            yield expand(step, [(k, states[k]) for k in frontier[i : i + 256]], bound, seen)
         return
+    _Level.bound, _Level.step, _Level.states, _Level.frontier, _Level.known = bound, step, states, frontier, seen
     size = max(1, min(256, len(frontier) // (jobs * 8)))
-    yield from pool.imap(_Worker.run, [frontier[i : i + size] for i in range(0, len(frontier), size)])
+    pool = multiprocessing.get_context("fork").Pool(jobs)
+    try:
+        yield from pool.imap(_Level.run, [(i, i + size) for i in range(0, len(frontier), size)])
+    finally:
+        pool.terminate()
+        _Level.states, _Level.frontier, _Level.known = [], [], set()  # not kept after the search
 
 
 def describe(path: Iterable[Action]) -> str:

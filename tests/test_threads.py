@@ -16,12 +16,20 @@ def test_completions_from_another_thread_release_every_byte_exactly_once() -> No
     ring = HostRing(1 << 16)
     handles = [bridge.alloc_device(U8, 64) for _ in range(8)]
     stop = threading.Event()
+    crashed: list[BaseException] = []
 
     def completer() -> None:
-        while not stop.is_set() or fake.pending():
-            for ev in fake.pending():  # oldest first: the last copy submitted lands last
-                fake.complete(ev)
-            bridge.poll()
+        try:
+            while not stop.is_set() or fake.pending():
+                for ev in fake.pending():  # oldest first: the last copy submitted lands last
+                    try:
+                        fake.complete(ev)
+                    except ValueError:  # the worker's wait() ran it first (the fake's wait runs the work)
+                        if ev.pending:
+                            raise
+                bridge.poll()
+        except BaseException as e:  # a crash here must fail the test, not end the thread quietly
+            crashed.append(e)
 
     thread = threading.Thread(target=completer)
     thread.start()
@@ -35,7 +43,7 @@ def test_completions_from_another_thread_release_every_byte_exactly_once() -> No
                 ev.wait(timeout=10)
     stop.set()
     thread.join(timeout=30)
-    assert not thread.is_alive()
+    assert not thread.is_alive() and crashed == []
     for ev, src in events:
         assert ev.done() and ev.error is None and ring.released(src)
     assert ring.cursor == ring.head and bridge.stats()["pending_events"] == 0
