@@ -645,11 +645,11 @@ def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: 
     for index, state in batch:
         step.load(state)
         loaded = True
+        cursor = step.ring.cursor  # before each action: each starts from this state, restored
         for action in enabled(state, step.rows, bound):
             out.transitions += 1
             if not loaded:
                 step.load(state)
-            cursor = step.ring.cursor
             try:
                 loaded = not step.apply(action)  # a refused action changed nothing (it checks so)
                 if loaded:
