@@ -1371,3 +1371,8 @@ def test_a_forged_enlarged_extent_neither_reads_nor_writes_past_the_allocation(b
         lines = child.stdout.splitlines()[-len(ENLARGED_REFUSED) :]
     assert lines == ENLARGED_REFUSED
     assert_all_refused({case: lines[1].removeprefix("refused: ")}, "HANDLE-1")
+
+
+def test_a_test_id_is_the_same_in_every_process() -> None:
+    """pytest-xdist runs only if every worker collects the same ids: no memory address in one."""
+    assert ident(object()) == "<object object>" and ident(object()) == ident(object())
