@@ -49,7 +49,7 @@ from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine import default_table
-from devbridge.statemachine.core import USE_EVENTS, CoreState, InvariantViolation, LifecycleCore
+from devbridge.statemachine.core import USE_EVENTS, Allocation, CoreState, InFlight, InvariantViolation, LifecycleCore
 
 #: A state, canonical: (generation, faults injected so far, the ring's bookkeeping moved back
 #: by whole laps, the allocations sorted by what they are). Each allocation is (generations
@@ -60,13 +60,18 @@ from devbridge.statemachine.core import USE_EVENTS, CoreState, InvariantViolatio
 State = tuple[int, int, RingState, tuple[tuple[Any, ...], ...]]
 Action = tuple[Any, ...]
 COPIES = ("copy_in", "copy_out")
-#: How a copy is submitted: synchronous, asynchronous; with a fault: lost (its first query
-#: fails), refused by the backend at submission (asynchronous, or synchronous after waiting for
-#: the uses it follows: only different from the other when there are some). An asynchronous copy
-#: the backend finishes at submission takes the synchronous one's path, or is held: no mode of
-#: its own here (the lockstep checker has it).
-MODES = ("sync", "async")
-FAULTY = ("lost", "async_fails")
+#: How a copy is submitted, without a fault and with one (the bound's faults allowing). A copy
+#: that follows no use in flight goes to the device at once: synchronous, asynchronous; lost
+#: (its first query fails), refused by the backend at submission. One that follows earlier
+#: conflicting uses (ORDER-1): synchronous (the Bridge waits for them, then copies),
+#: asynchronous (held back until they end); refused after the wait. (A held copy is not
+#: submitted at its call, so a fault there cannot hit it: a lost or refused asynchronous one
+#: would make the asynchronous one's calls, one for one; a copy that follows nothing, refused
+#: after no wait, the asynchronous refusal's.) An asynchronous copy the backend finishes at
+#: submission takes the synchronous one's path, or is held: no mode of its own here (the
+#: lockstep checker has it).
+SUBMITTED_MODES = ("sync", "async"), ("lost", "async_fails")
+HELD_MODES = ("sync", "async"), ("sync_fails",)
 DEAD = 0  # an allocation id no record ever has: a freed (or stale) handle's key
 FORK_AT = 16  # frontier states per process below which a level is expanded here, unforked
 
@@ -79,7 +84,7 @@ PENDING_STATES = frozenset(  # where free or restart leave a busy allocation
 CHECKS = frozenset(
     {
         "INV-NO-FREE-IN-USE", "INV-FREE-ONCE", "INV-COUNTS", "INV-CURSOR", "INV-OUTPUT", "INV-GENERATION",
-        "INV-QUIESCENT", "ORDER-1", "H2D-2", "H2D-3", "COPY-F", "failure", "tracked", "states", "raised",
+        "INV-QUIESCENT", "ORDER-1", "H2D-2", "H2D-3", "COPY-F", "RING-2", "failure", "tracked", "states", "raised",
         "unchanged",
     }
 )  # fmt: skip
@@ -142,15 +147,19 @@ class Step:
     def __init__(self, ring_capacity: int) -> None:
         self.core = LifecycleCore()
         self.ring = HostRing(ring_capacity)
+        # Step's record; each set a value (a change makes a new one), so that a state's are
+        # shared by every action from it, not copied for each
         self.uses: dict[int, Use] = {}
-        self.submitted: set[int] = set()
-        self.live: set[int] = set()  # allocations whose device buffer is not freed
-        self.used: set[int] = set()  # allocations some use began on
-        self.freed: set[int] = set()  # allocations the worker freed
+        self.submitted: frozenset[int] = frozenset()
+        self.live: frozenset[int] = frozenset()  # allocations whose device buffer is not freed
+        self.used: frozenset[int] = frozenset()  # allocations some use began on
+        self.freed: frozenset[int] = frozenset()  # allocations the worker freed
         self.faults = 0
         self._state: State | None = None  # the state last loaded, and what Step knows of it
         self.rows: CoreState = self.core.snapshot()  # the loaded state's core, as `snapshot` gives it
-        self._known: tuple[dict[int, Use], set[int], set[int], set[int], set[int]] = ({}, set(), set(), set(), set())
+        self._known: tuple[dict[int, Use], frozenset[int], frozenset[int], frozenset[int], frozenset[int]] = (
+            {}, frozenset(), frozenset(), frozenset(), frozenset()
+        )  # fmt: skip
 
     # ------------------------------------------------------------ states as values
 
@@ -159,53 +168,57 @@ class Step:
         if state is not self._state:  # derived once per state, restored for each action from it
             self._state = state
             self.rows, used, freed = unpack(state)
-            uses = self.rows[4]
+            rows = self.rows[4]
             self._known = (
-                {u[0]: Use(u[1], u[2][0], u[6], u[3], u[4]) for u in uses},
-                {u[0] for u in uses if u[1] != "view" and u[7] is None},
-                {r[0] for r in self.rows[3]},
+                {u[0]: Use(u[1], u[2][0], u[6], u[3], u[4]) for u in rows},
+                frozenset(u[0] for u in rows if u[1] != "view" and u[7] is None),
+                frozenset(r[0] for r in self.rows[3]),
                 used,
                 freed,
             )
         self.core.restore(self.rows)
         self.ring.restore(state[2])
         self.faults = state[1]
-        uses_, submitted, live, used, freed = self._known
-        self.uses, self.submitted, self.live, self.used, self.freed = (
-            dict(uses_), set(submitted), set(live), set(used), set(freed)
-        )  # fmt: skip
+        uses, self.submitted, self.live, self.used, self.freed = self._known
+        self.uses = dict(uses)
 
     def value(self, cursor: int | None = None) -> State:
         """The state, canonical (`State`): allocations in the order of what they are, their
         uses by position, ring offsets moved back by whole laps so that the cursor is in the
-        first; which allocation or use had which id is forgotten.
+        first; which allocation or use had which id is forgotten. Read from the core's records
+        and uses in flight as they are (what `snapshot` reads), without a snapshot between.
 
         With `cursor` (the ring's before the action), it first checks that what the core and
         the ring record is what was issued: then the value determines everything `check` reads."""
-        generation, _, _, records, uses = self.core.snapshot()
+        core = self.core
+        generation = core.generation
+        records = list(core.allocations())
+        uses = list(core.inflight())  # in issue order (the core keeps them so)
         ring = self.ring.state()
         if cursor is not None:
             self.track(records, uses, cursor)
         head, starts = ring[0], ring[1]
         capacity = self.ring.capacity
         base = (starts[0] if starts else head) // capacity * capacity
-        by_alloc: dict[int, list[tuple[Any, ...]]] = {r[0]: [] for r in records}
-        for u in uses:  # in issue order (the core keeps them so)
-            by_alloc[u[2][0]].append(u)
+        by_alloc: dict[int, list[InFlight]] = {r.id: [] for r in records}
+        for u in uses:
+            by_alloc[u.allocations[0]].append(u)
         used, freed = self.used, self.freed
         allocations = []
         for r in records:
-            mine = by_alloc[r[0]]
+            mine = by_alloc[r.id]
             if mine:
-                local = {u[0]: i for i, u in enumerate(mine)}
+                local = {u.id: i for i, u in enumerate(mine)}
                 sig = tuple(
-                    (u[1], u[6], u[3] if u[3] is None or not base else (u[3][0] - base, u[3][1]), u[4], u[5],
-                     u[7] if u[7] is None else tuple(local[b] for b in u[7]))
+                    (u.kind, u.span, u.host if u.host is None or not base else (u.host[0] - base, u.host[1]),
+                     u.generation, u.keep_host, tuple(local[b] for b in sorted(u.after)) if u.after else None)
                     for u in mine
                 )  # fmt: skip
             else:
                 sig = ()
-            allocations.append((generation - r[1], r[5], r[6], r[7], r[0] in used, r[0] in freed, r[2], sig))
+            a = r.id
+            allocations.append((generation - r.generation, r.state, r.copies, r.computes, a in used, a in freed,
+                                r.extent, sig))  # fmt: skip
         allocations.sort()
         if base:
             ring = (
@@ -216,20 +229,21 @@ class Step:
             )  # type: ignore[assignment]
         return generation, self.faults, ring, tuple(allocations)
 
-    def track(self, records: tuple[tuple[Any, ...], ...], uses: tuple[tuple[Any, ...], ...], cursor: int) -> None:
-        """The core's records and uses (a snapshot's) are what was issued, its held-back uses
-        those not on the device, and the ring's cursor did not go back."""
-        mine = self.uses
-        if len(uses) != len(mine) or any(
-            mine.get(u[0]) != (u[1], u[2][0] if len(u[2]) == 1 else u[2], u[6], u[3], u[4]) for u in uses
-        ):
-            raise Broken("tracked", f"the core has {uses}, issued {sorted(mine.items())}")
+    def track(self, records: list[Allocation], uses: list[InFlight], cursor: int) -> None:
+        """The core's records and uses are what was issued, its held-back uses those not on the
+        device, and the ring's cursor did not go back."""
+        mine, submitted = self.uses, self.submitted
+        if len(uses) != len(mine):
+            raise Broken("tracked", f"the core has {len(uses)} uses in flight, issued {sorted(mine.items())}")
         for u in uses:
-            if (u[7] is not None) == (u[0] in self.submitted or u[1] == "view"):
-                raise Broken("ORDER-1", f"use #{u[0]} held back: {u[7] is not None}; on the device: "
-                             f"{u[0] in self.submitted}")  # fmt: skip
-        if len(records) != len(self.live) or any(r[0] not in self.live for r in records):
-            raise Broken("INV-FREE-ONCE", f"records {[r[0] for r in records]} != device {sorted(self.live)}")
+            if mine.get(u.id) != (u.kind, u.allocations[0] if len(u.allocations) == 1 else u.allocations, u.span,
+                                  u.host, u.generation):  # fmt: skip
+                raise Broken("tracked", f"the core has {u}, issued {sorted(mine.items())}")
+            if bool(u.after) == (u.id in submitted or u.kind == "view"):
+                raise Broken("ORDER-1", f"use #{u.id} held back: {bool(u.after)}; on the device: {u.id in submitted}")
+        live = self.live
+        if len(records) != len(live) or any(r.id not in live for r in records):
+            raise Broken("INV-FREE-ONCE", f"records {[r.id for r in records]} != device {sorted(live)}")
         if (now := self.ring.cursor) < cursor:
             raise Broken("INV-CURSOR", f"cursor went back from {cursor} to {now}")
 
@@ -246,23 +260,24 @@ class Step:
     def alloc(self) -> None:
         record = self.core.add(EXTENT, None, None)
         record.memory = record.id
-        self.live.add(record.id)
-        self.used.discard(record.id)
-        self.freed.discard(record.id)
+        self.live |= {record.id}
+        self.used -= {record.id}
+        self.freed -= {record.id}
 
     def free(self, alloc: int) -> None:
         record = self.core.free(*self.key(alloc))
-        self.freed.add(alloc)
+        self.freed |= {alloc}
         if record is not None:
             self.release_device(record.memory)
 
-    def copy(self, kind: str, alloc: int, span: tuple[int, int], mode: str) -> bool:
-        """host_to_device / device_to_host of fresh ring bytes; False: the ring is full (RING-2)."""
+    def copy(self, kind: str, alloc: int, span: tuple[int, int], mode: str) -> None:
+        """host_to_device / device_to_host of fresh ring bytes (`enabled` offers only copies
+        that fit: a reservation that fits must succeed, RING-2)."""
         offset, nbytes = span
         try:
             r = self.ring.reserve(nbytes)
-        except RingFullError:
-            return False
+        except RingFullError as e:
+            raise Broken("RING-2", f"a reservation of {nbytes} B that fits was refused: {e}") from e
         key = self.key(alloc)
         self.core.check([key], "copy_begin")
         (self.ring.check_source if kind == "copy_in" else self.ring.check_dest)(r)
@@ -278,26 +293,25 @@ class Step:
                 self.ring.begin_write(r)
                 self.ring.end_write(r, valid=False)
             self.expect_host(kind, r, ok=False)
-            return True
+            return
         if not before and mode == "sync":  # done at once: one fused step
             self.core.instant(kind, key)
-            self.used.add(alloc)
+            self.used |= {alloc}
             if kind == "copy_in":
                 self.ring.read_done(r, True)
             else:
                 self.ring.write_done(r)
             self.expect_host(kind, r, ok=True)
-            return True
+            return
         use = self.core.begin(kind, [key], host=(r.start, r.nbytes), span=dspan, before=before)
         (self.ring.begin_read if kind == "copy_in" else self.ring.begin_write)(r)
         self.uses[use.id] = Use(kind, alloc, dspan, (r.start, r.nbytes), self.core.generation)
-        self.used.add(alloc)
+        self.used |= {alloc}
         if not before:
             self.submit(use.id)
             if mode == "lost":  # its first query fails: settled as failed at once
                 self.faults += 1
                 self.finish(use.id, ok=False)
-        return True
 
     def compute(self, alloc: int, fails: bool) -> None:
         key = self.key(alloc)
@@ -309,7 +323,7 @@ class Step:
             return
         use = self.core.begin("compute", [key], before=[])
         self.uses[use.id] = Use("compute", alloc, None, None, self.core.generation)
-        self.used.add(alloc)
+        self.used |= {alloc}
         self.submit(use.id)
 
     def wrap(self, alloc: int) -> None:
@@ -317,7 +331,7 @@ class Step:
         self.core.check([key], "compute_begin")
         use = self.core.begin("view", [key])
         self.uses[use.id] = Use("view", alloc, None, None, self.core.generation)
-        self.used.add(alloc)
+        self.used |= {alloc}
 
     def restart(self) -> None:
         for record in self.core.restart():
@@ -371,7 +385,7 @@ class Step:
         record = self.core.allocation(use.alloc)
         if record is None or not record.generation == use.generation == self.core.generation:
             raise Broken("INV-GENERATION", f"use #{use_id} submitted on memory of an older generation")
-        self.submitted.add(use_id)
+        self.submitted |= {use_id}
 
     def wait(self, before: list[Any]) -> None:
         """A blocking call waits for the oldest use of the chain it must follow: on the device
@@ -385,7 +399,7 @@ class Step:
         """The device (or a collected view) ends a use: the Bridge's `_finish` and `_apply`,
         then the held uses it made ready are launched (or aborted, after a restart)."""
         use = self.uses.pop(use_id)
-        self.submitted.discard(use_id)
+        self.submitted -= {use_id}
         effects = self.core.end(use_id, ok)
         aborted = use.generation != self.core.generation
         expected = FAILURE_RULES["aborted"] if aborted else None if ok else FAILURE_RULES[use.kind]
@@ -412,7 +426,7 @@ class Step:
             raise Broken("INV-FREE-ONCE", f"allocation #{memory} freed on the device twice")
         if users := [u for u, use in self.uses.items() if use.alloc == memory]:
             raise Broken("INV-NO-FREE-IN-USE", f"allocation #{memory} freed while uses {users} use it")
-        self.live.discard(memory)
+        self.live -= {memory}
 
     # ------------------------------------------------------------ checks
 
@@ -492,15 +506,14 @@ class Step:
     # ------------------------------------------------------------ actions
 
     def apply(self, action: Action) -> bool:
-        """Take `action`; False when it changed nothing: a refusal (checked to change nothing) or
-        a copy that found the ring full."""
+        """Take `action`; False when it changed nothing: a refusal (checked to change nothing)."""
         kind = action[0]
         if kind == "alloc":
             self.alloc()
         elif kind == "free":
             self.free(action[1])
         elif kind in COPIES:
-            return self.copy(kind, action[1], action[2], action[3])
+            self.copy(kind, action[1], action[2], action[3])
         elif kind == "compute":
             self.compute(action[1], action[2])
         elif kind == "wrap":
@@ -518,9 +531,28 @@ class Step:
         elif kind == "refuse":
             self.refuse(action[1], action[2], action[3])
             return False
+        elif kind == "full":  # a copy of this size: the ring refuses its reservation (RING-2)
+            self.refused("RING-2", lambda: self.ring.reserve(action[1]))
+            return False
         else:
             raise ValueError(f"unknown action {action}")
         return True
+
+
+def fits(ring: RingState, capacity: int, nbytes: int) -> bool:
+    """Whether a reservation of `nbytes` fits in the ring's free space (RING-2; a second statement
+    of it, beside `HostRing.reserve`'s): at the head, or at the next lap's start where it would
+    straddle the buffer's end, with it and every unreleased byte within one lap."""
+    head, starts = ring[0], ring[1]
+    start = head if head % capacity + nbytes <= capacity else head + capacity - head % capacity
+    return start + nbytes - (starts[0] if starts else start) <= capacity
+
+
+def _follows(kind: str, span: tuple[int, int], uses: Iterable[tuple[Any, ...]]) -> bool:
+    """Whether a copy of `kind` over the device `span` (offset, size) must follow one of `uses`
+    (the core's rows), by the spec's hazards (ORDER-1): what the core should answer."""
+    start, end = span[0], span[0] + span[1]
+    return any(KINDS_CONFLICT[(u[1], kind)] and (u[6] is None or (u[6][0] < end and start < u[6][1])) for u in uses)
 
 
 def _hits(host: tuple[int, int] | None, start: int, end: int) -> bool:
@@ -543,7 +575,7 @@ def dead_state(generation: int, current: int) -> str:
     return "freed" if generation == current else "stale"
 
 
-def unpack(state: State) -> tuple[CoreState, set[int], set[int]]:
+def unpack(state: State) -> tuple[CoreState, frozenset[int], frozenset[int]]:
     """A canonical state's core as `LifecycleCore.snapshot` gives it (allocation n of the order
     has id n, its memory n; uses numbered in order), and which allocations were used, freed."""
     generation, _, _, allocations = state
@@ -560,34 +592,40 @@ def unpack(state: State) -> tuple[CoreState, set[int], set[int]]:
         for kind, span, host, use_generation, keep_host, after in mine:
             follows = None if after is None else tuple(first + i for i in after)
             uses.append((len(uses), kind, (n,), host, use_generation, keep_host, span, follows))
-    return (generation, len(records) + 1, len(uses), tuple(records), tuple(uses)), used, freed
+    return (generation, len(records) + 1, len(uses), tuple(records), tuple(uses)), frozenset(used), frozenset(freed)
 
 
 def enabled(state: State, core: CoreState, bound: Bound) -> list[Action]:
     """Every action the bound allows from `state` (canonical; `core`: its core unpacked), in a
     fixed order."""
-    generation, faults, (_, starts, ends, *_), _ = state
+    generation, faults, ring, _ = state
+    starts, ends = ring[1], ring[2]
+    full: set[int] = set()  # sizes of copies the ring has no room for
     records, uses = core[3], core[4]
     can_fail = faults < bound.faults
-    idle_modes = MODES + FAULTY if can_fail else MODES
-    busy_modes = (*idle_modes, "sync_fails") if can_fail else MODES
-    count: dict[int, int] = {}
+    theirs: dict[int, list[tuple[Any, ...]]] = {}
     for u in uses:
-        count[u[2][0]] = count.get(u[2][0], 0) + 1
+        theirs.setdefault(u[2][0], []).append(u)
     actions: list[Action] = []
     if len(records) < bound.allocations:
         actions.append(("alloc",))
     for a, gen, _, _, _, state_, copies, computes in records:
         if gen == generation and state_ not in PENDING_STATES:
             actions.append(("free", a))
-            if count.get(a, 0) < bound.in_flight:
-                modes = busy_modes if count.get(a) else idle_modes
-                actions += [(kind, a, span, mode) for kind in COPIES for span in bound.spans for mode in modes]
+            if len(mine := theirs.get(a, ())) < bound.in_flight:
+                for kind in COPIES:
+                    for span in bound.spans:
+                        if not fits(ring, bound.ring, span[1]):  # every such copy: the one refusal below
+                            full.add(span[1])
+                            continue
+                        good, faulty = HELD_MODES if mine and _follows(kind, span, mine) else SUBMITTED_MODES
+                        actions += [(kind, a, span, mode) for mode in (good + faulty if can_fail else good)]
                 actions += [("compute", a, False)] + ([("compute", a, True)] if can_fail else [])
                 actions.append(("wrap", a))
         actions += [
             ("refuse", (a, gen), event, rule) for event, rule in refusals(state_, level(copies), level(computes))
         ]
+    actions += [("full", n) for n in sorted(full)]
     for g in (generation, generation - 1) if generation else (generation,):  # a freed handle, a stale one
         actions += [("refuse", (DEAD, g), event, rule) for event, rule in refusals(dead_state(g, generation), 0, 0)]
     for uid, kind, _, _, _, _, _, after in uses:

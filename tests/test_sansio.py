@@ -7,16 +7,19 @@ shortest counterexample, and the Bridge's own bugs are outside its scope (the lo
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import replace
 from typing import Any
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mutants import MUTANTS, VALUES_KILLS
 
 from devbridge.cli import main
-from devbridge.errors import RangeError
+from devbridge.errors import RangeError, RingFullError
 from devbridge.models import sansio
 from devbridge.models.checker import PROFILES, Bound
 from devbridge.ring import HostRange, HostRing
@@ -31,7 +34,7 @@ TINY = Bound(allocations=1, restarts=1, faults=1, in_flight=2, spans=((0, 8),), 
 def test_depth_5_of_the_default_bound_is_clean_and_covers_the_spec() -> None:
     report = sansio.check(DEFAULT, depth=5)
     assert report.violation is None and not report.exhaustive
-    assert (report.states, report.transitions, report.depth) == (35435, 175263, 5)
+    assert (report.states, report.transitions, report.depth) == (35435, 136500, 5)
     assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
 
 
@@ -45,7 +48,7 @@ def test_a_small_bound_is_explored_to_its_last_state() -> None:
 
 def test_two_processes_explore_exactly_what_one_does() -> None:
     one, two = sansio.check(DEFAULT, depth=4), sansio.check(DEFAULT, depth=4, jobs=2)
-    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth) == (4339, 16853, 4)
+    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth) == (4339, 13741, 4)
     assert one.coverage.hits == two.coverage.hits and one.coverage.edges == two.coverage.edges
     with MUTANTS["missing_raw_edge"]():
         found = [sansio.check(DEFAULT, depth=4, jobs=jobs).violation for jobs in (1, 2)]
@@ -87,6 +90,130 @@ def test_a_seeded_bug_that_fails_for_another_reason_is_not_counted_as_caught() -
         violation = sansio.check(DEFAULT, depth=3).violation
     assert violation is not None and violation.kill == "TypeError", violation
     assert violation.kill != VALUES_KILLS["free_while_in_use"]
+
+
+def fitting_reservation_refused() -> Any:
+    """The ring refuses a reservation that would end exactly one lap after its oldest
+    unreleased byte: one that fits (an off-by-one in RING-2)."""
+    original = HostRing.reserve
+
+    def reserve(self: HostRing, nbytes: int, *args: Any, **kwargs: Any) -> HostRange:
+        head, starts = self.head, self.state()[1]
+        start = head if head % self.capacity + nbytes <= self.capacity else head + self.capacity - head % self.capacity
+        if starts and start + nbytes - starts[0] == self.capacity:
+            raise RingFullError("RING-2", "seeded: refused a reservation that fits")
+        return original(self, nbytes, *args, **kwargs)
+
+    return mock.patch.object(HostRing, "reserve", reserve)
+
+
+def unreleased_bytes_overwritten() -> Any:
+    """The ring hands out a reservation over unreleased bytes where it should refuse it (RING-2)."""
+    original = HostRing.reserve
+
+    def reserve(self: HostRing, nbytes: int, *args: Any, **kwargs: Any) -> HostRange:
+        try:
+            return original(self, nbytes, *args, **kwargs)
+        except RingFullError:
+            head, starts, ends, *rest = self.state()
+            self.restore((head + nbytes, (*starts, head), (*ends, head + nbytes), *rest))
+            return HostRange._made(self, head, nbytes)
+
+    return mock.patch.object(HostRing, "reserve", reserve)
+
+
+@pytest.mark.parametrize(
+    ("bug", "kill", "path"),
+    [
+        (fitting_reservation_refused, "RING-2", "alloc -> copy_in:1:(0, 8):async -> copy_in:1:(0, 8):sync"),
+        (unreleased_bytes_overwritten, "refused:RING-2",
+         "alloc -> copy_in:1:(0, 4):sync -> copy_in:1:(0, 8):async -> full:8"),
+    ],
+)  # fmt: skip
+def test_a_ring_wrong_about_its_free_space_is_caught_by_ring_2(bug: Any, kill: str, path: str) -> None:
+    """Copies the ring has room for are offered and must be reserved; for those it has none, one
+    refused reservation per size is: a ring wrong either way is caught, with a shortest path
+    (the 8 B that fill the 16 B ring to its oldest unreleased byte; 8 B where 4 are free)."""
+    with bug():
+        violation = sansio.check(DEFAULT, depth=6).violation
+        assert violation is not None and violation.kill == kill, violation
+        assert sansio.describe(violation.path) == path
+        assert sansio.check(DEFAULT, depth=len(violation.path) - 1).violation is None
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 9)), max_size=12), st.integers(1, 17))
+@settings(max_examples=300, deadline=None)
+def test_fits_is_what_the_ring_reserves(ops: list[tuple[bool, int]], nbytes: int) -> None:
+    """`fits`, the checker's own statement of RING-2, agrees with `HostRing.reserve` after any
+    run of reservations and releases (oldest first or not) of a 16 B ring."""
+    ring = HostRing(16)
+    for reserve, n in ops:
+        spans = ring.unreleased()
+        if reserve:
+            with contextlib.suppress(RingFullError):
+                ring.reserve(n)
+        elif spans:
+            ring.release(spans[n % len(spans)])
+    state = ring.state()
+    try:
+        ring.reserve(nbytes)
+        reserved = True
+    except RingFullError as e:
+        assert e.rule == "RING-2" and ring.state() == state
+        reserved = False
+    assert sansio.fits(state, 16, nbytes) == reserved
+
+
+def states_within(bound: Bound, depth: int) -> set[sansio.State]:
+    """Every state within `depth` actions, breadth first (as `check` finds them, unchecked)."""
+    step, level = sansio.Step(bound.ring), [sansio.initial(bound)]
+    seen = set(level)
+    for _ in range(depth):
+        found = []
+        for state in level:
+            for action in sansio.enabled(state, sansio.unpack(state)[0], bound):
+                step.load(state)
+                if step.apply(action) and (new := step.value()) not in seen:
+                    seen.add(new)
+                    found.append(new)
+        level = found
+    return seen
+
+
+def test_a_copy_left_out_of_the_search_repeats_one_that_is_in_it() -> None:
+    """`enabled` leaves out copies that would repeat another action's calls: those the ring has
+    no room for (one refused reservation per size stands for them), the faulty modes of a copy
+    held behind earlier uses (a held copy is not submitted, so no submission fault hits it: the
+    asynchronous copy stands for them), and a synchronous refusal with nothing to wait for (the
+    asynchronous refusal). From every state within depth 4, each left out leads exactly where
+    its stand-in does, or is refused as the ring is full."""
+    states = states_within(DEFAULT, 4)
+    assert len(states) == sansio.check(DEFAULT, depth=4).states
+    step, left_out = sansio.Step(DEFAULT.ring), {"full": 0, "lost": 0, "async_fails": 0, "sync_fails": 0}
+    for state in states:
+        offered = sansio.enabled(state, sansio.unpack(state)[0], DEFAULT)
+        modes = ("sync", "async", *(("lost", "async_fails", "sync_fails") if state[1] < DEFAULT.faults else ()))
+        copying = [action[1] for action in offered if action[:3:2] == ("compute", False)]
+        every = [(k, a, span, m) for k in sansio.COPIES for a in copying for span in DEFAULT.spans for m in modes]
+        for action in (a for a in every if a not in offered):
+            step.load(state)
+            if ("full", action[2][1]) in offered:
+                with pytest.raises(sansio.Broken) as broken:
+                    step.apply(action)
+                assert broken.value.check == "RING-2" and isinstance(broken.value.__cause__, RingFullError)
+                assert (step.core.snapshot(), step.ring.state()) == (step.rows, state[2])
+                left_out["full"] += 1
+                continue
+            stand_in = (*action[:3], "async_fails" if action[3] == "sync_fails" else "async")
+            assert stand_in in offered, (state, action)
+            step.apply(action)
+            after = step.value()
+            step.load(state)
+            step.apply(stand_in)
+            assert step.value() == after, (state, action)
+            left_out[action[3]] += 1
+    assert min(left_out.values()) > 0, left_out
+    print(f"\nleft out from {len(states)} states: {left_out}")
 
 
 # ------------------------------------------------------------ states as values
