@@ -207,15 +207,12 @@ class Step:
         allocations = []
         for r in records:
             mine = by_alloc[r.id]
-            if mine:
-                local = {u.id: i for i, u in enumerate(mine)}
-                sig = tuple(
-                    (u.kind, u.span, u.host if u.host is None or not base else (u.host[0] - base, u.host[1]),
-                     u.generation, u.keep_host, tuple(local[b] for b in sorted(u.after)) if u.after else None)
-                    for u in mine
-                )  # fmt: skip
-            else:
-                sig = ()
+            sig = tuple([
+                (u.kind, u.span, u.host if u.host is None or not base else (u.host[0] - base, u.host[1]),
+                 u.generation, u.keep_host,
+                 tuple([i for i, w in enumerate(mine) if w.id in u.after]) if u.after else None)  # by position
+                for u in mine
+            ])  # fmt: skip
             a = r.id
             allocations.append((generation - r.generation, r.state, r.copies, r.computes, a in used, a in freed,
                                 r.extent, sig))  # fmt: skip
@@ -242,7 +239,7 @@ class Step:
             if bool(u.after) == (u.id in submitted or u.kind == "view"):
                 raise Broken("ORDER-1", f"use #{u.id} held back: {bool(u.after)}; on the device: {u.id in submitted}")
         live = self.live
-        if len(records) != len(live) or any(r.id not in live for r in records):
+        if live != {r.id for r in records}:
             raise Broken("INV-FREE-ONCE", f"records {[r.id for r in records]} != device {sorted(live)}")
         if (now := self.ring.cursor) < cursor:
             raise Broken("INV-CURSOR", f"cursor went back from {cursor} to {now}")
