@@ -22,16 +22,10 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import io
-import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +38,9 @@ import devbridge
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.bench.revisions import OLD, build_old, short_rev
 
-REPO = Path(__file__).resolve().parents[1]
-OLD = "devbridge_old"
 DEVICE = "CPU"
-# absolute imports of the package, at the start of a line: `from devbridge.x import`, `from devbridge import`, ...
-IMPORT = re.compile(r"^(\s*(?:from|import)\s+)devbridge(?=[.\s])", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -66,30 +57,6 @@ class Version:
 
 
 # ------------------------------------------------------------ the old revision as `devbridge_old`
-
-
-def build_old(rev: str, root: Path) -> tuple[Path, int]:
-    """Extract `rev` and lay it out under root/pkg as the package `devbridge_old`, mirroring
-    pyproject's package-dir (devbridge/ is the package, spec/ is devbridge.spec, ...).
-    Returns the folder to put on sys.path and the number of import lines rewritten."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
-    src = root / "src"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(src, filter="data")
-    package_dir: dict[str, str] = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"
-    ]
-    pkg = root / "pkg"
-    for name, folder in sorted(package_dir.items()):  # "devbridge" before "devbridge.spec", ...
-        parts = name.split(".")
-        assert parts[0] == "devbridge", name
-        shutil.copytree(src / folder, pkg.joinpath(OLD, *parts[1:]), ignore=shutil.ignore_patterns("__pycache__"))
-    rewritten = 0
-    for py in (pkg / OLD).rglob("*.py"):
-        text, n = IMPORT.subn(rf"\1{OLD}", py.read_text())
-        py.write_text(text)
-        rewritten += n
-    return pkg, rewritten
 
 
 def import_old(pkg: Path) -> Version:
@@ -237,9 +204,7 @@ def main() -> None:
         old, new = import_old(pkg), current()
         for v in (old, new):
             round_trip(v)
-        rev = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", args.old], check=True, capture_output=True, text=True
-        ).stdout.strip()
+        rev = short_rev(args.old)
         print(f"old: {rev} as {OLD} ({rewritten} import lines rewritten), ORDER-1 tracking: {old.ordered}")
         print(f"new: working tree {Path(devbridge.__file__).resolve().parent}, ORDER-1 tracking: {new.ordered}")
         print(f"both round-trip; device {DEVICE}, {args.rounds} rounds, ~{args.block_ms:g} ms per variant per round")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from devbridge.bench import checker_speed
 from devbridge.bench.suite import Row
 from devbridge.cli import main
 
@@ -66,3 +67,15 @@ def test_the_fleet_benchmark_runs_one_actor_beside_two(capsys: pytest.CaptureFix
     assert (report["objects"], report["batch"], report["rounds"], report["backend"]) == (20, 10, 1, "fake")
     assert report["one_actor"]["objects_per_s"] > 0 and report["two_actors"]["objects_per_s"] > 0
     assert report["ratio"] == report["two_actors"]["objects_per_s"] / report["one_actor"]["objects_per_s"]
+
+
+def test_the_checker_benchmark_runs_an_older_checker_beside_this_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/checker_speed.py builds a revision as `devbridge_old` and times both checkers on the same
+    bound (a smoke run at depth 3 against HEAD, which a clean clone always has)."""
+    checker_speed.main(["--old", "HEAD", "--depth", "3", "--rounds", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("old: ") and lines[0].endswith(" as devbridge_old; new: this tree. Default bound, "
+                                                              "depth 3, 1 rounds of old, new, new, old")  # fmt: skip
+    rows = [line.split() for line in lines[2:]]
+    assert [r[:3] for r in rows] == [[label, jobs, "373"] for jobs in ("1", "2") for label in ("old", "new")]
+    assert [r[-1] for r in rows if r[0] == "old"] == ["1.00", "1.00"]
