@@ -594,9 +594,12 @@ def unpack(state: State) -> tuple[CoreState, frozenset[int], frozenset[int]]:
 
 def enabled(state: State, core: CoreState, bound: Bound) -> list[Action]:
     """Every action the bound allows from `state` (canonical; `core`: its core unpacked), in a
-    fixed order."""
+    fixed order. A copy that would repeat another action's calls one for one is left out: one
+    the ring has no room for (one `full` action per size stands for them), and the modes a copy
+    that follows earlier uses (or none) cannot take apart from another (`SUBMITTED_MODES`)."""
     generation, faults, ring, _ = state
     starts, ends = ring[1], ring[2]
+    room = {n: fits(ring, bound.ring, n) for _, n in bound.spans}
     full: set[int] = set()  # sizes of copies the ring has no room for
     records, uses = core[3], core[4]
     can_fail = faults < bound.faults
@@ -612,7 +615,7 @@ def enabled(state: State, core: CoreState, bound: Bound) -> list[Action]:
             if len(mine := theirs.get(a, ())) < bound.in_flight:
                 for kind in COPIES:
                     for span in bound.spans:
-                        if not fits(ring, bound.ring, span[1]):  # every such copy: the one refusal below
+                        if not room[span[1]]:  # every such copy makes the one refused reservation below
                             full.add(span[1])
                             continue
                         good, faulty = HELD_MODES if mine and _follows(kind, span, mine) else SUBMITTED_MODES

@@ -193,7 +193,7 @@ def test_a_copy_left_out_of_the_search_repeats_one_that_is_in_it() -> None:
     for state in states:
         offered = sansio.enabled(state, sansio.unpack(state)[0], DEFAULT)
         modes = ("sync", "async", *(("lost", "async_fails", "sync_fails") if state[1] < DEFAULT.faults else ()))
-        copying = [action[1] for action in offered if action[:3:2] == ("compute", False)]
+        copying = [action[1] for action in offered if action[0] == "compute" and action[2] is False]
         every = [(k, a, span, m) for k in sansio.COPIES for a in copying for span in DEFAULT.spans for m in modes]
         for action in (a for a in every if a not in offered):
             step.load(state)
