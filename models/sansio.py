@@ -9,10 +9,11 @@ decision, with each state a value:
   back behind which (ORDER-1), what a use's end reports;
 - `HostRing`: when host bytes are released, readable, writable.
 
-A state is the core's `snapshot()` and the ring's `state()` put in a canonical
-form (`State`: allocations sorted by what they are, uses by position, ring
-offsets moved back by whole laps), so a state is restored, one action
-applied, and the result taken as a value: no replay, and symmetric states
+A state is what the core's `snapshot()` holds (its records and uses in
+flight) and the ring's `state()`, put in a canonical form (`State`:
+allocations sorted by what they are, uses by position, ring offsets moved
+back by whole laps); `restore` takes each back. So a state is restored, one
+action applied, and the result taken as a value: no replay, and symmetric states
 (which allocation is which) are one. Without a depth the search is
 exhaustive: every state the bound allows is reached.
 
