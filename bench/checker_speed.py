@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +36,16 @@ class Runs:
     jobs: int
     states: int = 0
     transitions: int = 0
-    seconds: list[float] | None = None
+    seconds: list[float] = field(default_factory=list)
 
     def add(self, report: Any) -> None:
-        if self.seconds is None:
-            self.states, self.transitions, self.seconds = report.states, report.transitions, []
-        if report.states != self.states or report.violation is not None:
+        if report.violation is not None or (self.seconds and report.states != self.states):
             raise SystemExit(f"{self.label}: {report.states} states, violation {report.violation}: not comparable")
+        self.states, self.transitions = report.states, report.transitions
         self.seconds.append(report.seconds)
 
     @property
     def median(self) -> float:
-        assert self.seconds
         return statistics.median(self.seconds)
 
     @property

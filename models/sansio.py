@@ -122,13 +122,15 @@ def _conflicting(earlier: str, later: str) -> bool:
 KINDS_CONFLICT = {(a, b): _conflicting(a, b) for a in USE_EVENTS for b in USE_EVENTS}
 
 
+def conflicting(earlier: str, a: tuple[int, int] | None, later: str, b: tuple[int, int] | None) -> bool:
+    """Whether uses of these kinds over device spans `a` and `b` of one allocation must not run
+    at once (ORDER-1): kinds that conflict, touching a common byte (None: the whole allocation)."""
+    return KINDS_CONFLICT[(earlier, later)] and (a is None or b is None or (a[0] < b[1] and b[0] < a[1]))
+
+
 def conflict(earlier: Use, later: Use) -> bool:
-    """Whether two uses of one allocation must not run at once (ORDER-1): kinds that conflict,
-    touching a common byte (a span of None is the whole allocation)."""
-    if not KINDS_CONFLICT[(earlier.kind, later.kind)]:
-        return False
-    a, b = earlier.span, later.span
-    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
+    """`conflicting` for two uses `Step` issued."""
+    return conflicting(earlier.kind, earlier.span, later.kind, later.span)
 
 
 class Use(NamedTuple):
@@ -549,8 +551,8 @@ def fits(ring: RingState, capacity: int, nbytes: int) -> bool:
 def _follows(kind: str, span: tuple[int, int], uses: Iterable[tuple[Any, ...]]) -> bool:
     """Whether a copy of `kind` over the device `span` (offset, size) must follow one of `uses`
     (the core's rows), by the spec's hazards (ORDER-1): what the core should answer."""
-    start, end = span[0], span[0] + span[1]
-    return any(KINDS_CONFLICT[(u[1], kind)] and (u[6] is None or (u[6][0] < end and start < u[6][1])) for u in uses)
+    device = (span[0], span[0] + span[1])
+    return any(conflicting(u[1], u[6], kind, device) for u in uses)
 
 
 def _hits(host: tuple[int, int] | None, start: int, end: int) -> bool:
