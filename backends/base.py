@@ -91,7 +91,8 @@ class Backend(Protocol):
         view's use ends when it is collected (VIEW-3)."""
 
     def view_alignment(self, dtype: str) -> int:
-        """The byte alignment a view's offset of `dtype` needs for the device to run on it (VIEW-2)."""
+        """The byte alignment a view's offset of `dtype` needs for the device to run on it (VIEW-2);
+        0 where the device has no sub-buffer views (OpenCL): a view starts at offset 0."""
 
     def query(self, token: object) -> Status:
         """The token's status now. Never blocks."""

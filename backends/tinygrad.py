@@ -1,15 +1,24 @@
-"""TinygradBackend: real device memory through tinygrad (CPU here; CUDA, NV, AMD, METAL where present).
+"""TinygradBackend: real device memory through tinygrad (CPU and CL here; CUDA, NV, AMD, METAL where present).
 
 Memory is a tinygrad `Buffer` per allocation; views are Tensors over that
-Buffer's own memory (`Tensor(UOp.from_buffer(buf.view(...)))`), never copies.
+Buffer's own memory (`Tensor(UOp.from_buffer(buf.view(...)))`; on a device
+without sub-buffers, CL, a view Buffer at offset 0 over the allocation's own
+`cl_mem`), never copies. What each device offers is its capability record
+(`tinygrad_compat.capabilities`, `TinygradBackend.capabilities`).
 
 Completion events:
-* synchronous copies are done on return;
+* synchronous copies are done on return: the host bytes are read (input) or
+  written (output) by then;
 * on devices whose memory is host memory (CPU), asynchronous copies run on a
   copy thread with `ctypes.memmove` (which drops the GIL), so they overlap
   compute; an input copy reads the host bytes when it runs, and the Bridge
   releases them only when the thread has finished (the Bridge never submits
   an output copy while a compute that writes its bytes is in flight, ORDER-1);
+* on CL every copy and compute marker is its own OpenCL command with a
+  `cl_event` on the device's in-order queue (`tinygrad_cl.py`): an
+  asynchronous copy returns once enqueued, its host bytes stay in use until
+  its event completes, a query never blocks, and completion is reported
+  through `subscribe`; no call drains the queue;
 * elsewhere copies are enqueued on the device and complete when its timeline
   signal passes the value taken after them (NV/AMD), or after a
   `synchronize()` (CUDA, METAL, ...);
@@ -25,14 +34,13 @@ queued they go through `_copyin`/`_copyout`, which synchronize first.
 Issue order of copies: the Bridge never submits a copy while one it
 conflicts with is in flight (ORDER-1); on CPU the copy thread runs
 asynchronous copies in the order issued, and copies of other bytes may run
-beside them. Elsewhere every copy goes through the allocator's
-`_copyin`/`_copyout`, which runs in order on the device's queue before the
-call returns (an asynchronous copy only completes its event later), so
-copies land in issue order there too, and an event completes once the
-device's timeline signal passes the value taken after its copy. Compute is
-not ordered against copies by this backend: the Bridge does that (ORDER-1),
-holding a conflicting copy back until the compute event completes and making
-compute() wait for the copies in flight on its allocations.
+beside them; on CL the queue runs commands in the order enqueued. Elsewhere
+every copy goes through the allocator's `_copyin`/`_copyout`, which runs in
+order on the device's queue before the call returns (an asynchronous copy
+only completes its event later). Compute is not ordered against copies by
+this backend: the Bridge does that (ORDER-1), holding a conflicting copy
+back until the compute event completes and making compute() wait for the
+copies in flight on its allocations.
 
 Release and tinygrad's LRU cache: `free` means the bridge gives up its
 ownership. The Buffer is parked until the device has finished the work
@@ -51,12 +59,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.base import OK, PENDING, BackendError, Status
+
+if TYPE_CHECKING:
+    from devbridge.backends.tinygrad_cl import CLQueue, Command
 from devbridge.errors import InvalidArgumentError, short
 
 Probe = Callable[[], bool]
@@ -68,16 +79,21 @@ INLINE_MAX_BYTES = 64 << 10
 
 @dataclass(eq=False)
 class TinygradToken:
-    """One event: a copy-thread future, or a probe on the device's queue."""
+    """One event: a copy-thread future, an OpenCL command, or a probe on the device's queue."""
 
     op: str
     future: Future[None] | None = None
     probe: Probe | None = None
     gate: threading.Event | None = None  # while cleared, the event reports pending (hold_copies)
+    command: Command | None = None
 
     def status(self) -> Status:
         if self.gate is not None and not self.gate.is_set():
             return PENDING
+        if self.command is not None:
+            if not self.command.done():
+                return PENDING
+            return OK if self.command.error is None else Status(True, self.command.error)
         if self.future is not None:
             if not self.future.done():
                 return PENDING
@@ -108,8 +124,14 @@ class TinygradBackend:
         self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
         self._gate = threading.Event()
         self._gate.set()
+        self.capabilities = tg.capabilities(self.device)
         self._idle = tg.idle_probe(self.device)  # CPU: synchronous copies skip an idle device's synchronize
         self._markers = tg.markers(self.device)
+        self._queue: CLQueue | None = None  # CL: OpenCL commands with their own events
+        if self.capabilities.events == "cl-event":
+            from devbridge.backends.tinygrad_cl import CLQueue
+
+            self._queue = CLQueue(self.device)
         self.direct_copies = 0  # synchronous copies made by memmove on an idle CPU device
 
     # ------------------------------------------------------------ Backend protocol
@@ -135,6 +157,9 @@ class TinygradBackend:
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
         buf = self._buffer(buffer)
+        if self._queue is not None:
+            queue = self._queue
+            return self._command("copy_in", sync, lambda: queue.write(buf._buf, offset, src, blocking=sync))
         if self._at_once(sync, len(src)) and self._direct(buf, offset, src, into_device=True):
             return _DONE_IN
         memory = None if sync else tg.host_bytes(buf)
@@ -150,6 +175,9 @@ class TinygradBackend:
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
         buf = self._buffer(buffer)
+        if self._queue is not None:
+            queue = self._queue
+            return self._command("copy_out", sync, lambda: queue.read(dst, buf._buf, offset, blocking=sync))
         if self._at_once(sync, len(dst)) and self._direct(buf, offset, dst, into_device=False):
             return _DONE_OUT
         memory = None if sync else tg.host_bytes(buf)
@@ -163,12 +191,18 @@ class TinygradBackend:
         return _DONE_OUT if sync else TinygradToken("copy_out", probe=lambda: True, gate=self._gate)
 
     def compute(self, buffers: Sequence[object]) -> object:
+        if self._queue is not None:
+            return self._command("compute", False, self._enqueue_marker)
         return TinygradToken("compute", probe=self._marker())
 
     def extend(self, token: object) -> None:
         """The compute work behind `token` now includes everything queued so far."""
         assert isinstance(token, TinygradToken)
-        token.probe = self._marker()
+        if token.command is not None:
+            token.command = self._enqueue_marker()
+            self._report(token)
+        else:
+            token.probe = self._marker()
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         try:
@@ -183,7 +217,7 @@ class TinygradBackend:
             raise BackendError(f"{self.device}: no buffer under the view: {e}") from e
 
     def view_alignment(self, dtype: str) -> int:
-        return tg.VIEW_ALIGNMENT
+        return tg.VIEW_ALIGNMENT if self.capabilities.sub_buffers else 0  # 0: views at offset 0 only
 
     def query(self, token: object) -> Status:
         assert isinstance(token, TinygradToken)
@@ -191,6 +225,9 @@ class TinygradBackend:
 
     def wait(self, token: object, timeout: float | None) -> bool:
         assert isinstance(token, TinygradToken)
+        if token.command is not None:  # blocks on the event its OpenCL callback sets
+            token.command.wait(timeout)
+            return token.status().done
         if token.future is not None:
             with contextlib.suppress(Exception):
                 token.future.exception(timeout=timeout)
@@ -217,10 +254,15 @@ class TinygradBackend:
     @contextlib.contextmanager
     def hold_copies(self) -> Iterator[None]:
         """Until the block exits, the copy thread starts no copy and no asynchronous copy
-        reports completion (tests and diagnostics: it makes release points observable)."""
+        reports completion (tests and diagnostics: it makes release points observable). On CL the
+        device itself runs nothing queued meanwhile: a synchronous copy there would wait forever."""
         self._gate.clear()
         try:
-            yield
+            if self._queue is not None:
+                with self._queue.held():
+                    yield
+            else:
+                yield
         finally:
             self._gate.set()
 
@@ -238,10 +280,41 @@ class TinygradBackend:
     # ------------------------------------------------------------ mechanics
 
     def _marker(self) -> Probe:
+        if self._queue is not None:
+            return self._enqueue_marker().done
         try:
             return self._markers()
         except Exception as e:
             raise BackendError(f"{self.device}: cannot mark the end of queued work: {e}") from e
+
+    def _enqueue_marker(self) -> Command:
+        assert self._queue is not None
+        try:
+            return self._queue.marker()
+        except Exception as e:
+            raise BackendError(f"{self.device}: cannot mark the end of queued work: {e}") from e
+
+    def _command(self, op: str, sync: bool, enqueue: Callable[[], Command]) -> TinygradToken:
+        """An OpenCL command as an event token (done already when synchronous: OpenCL's blocking
+        write or read returns when the host bytes may be reused or hold the data)."""
+        try:
+            command = enqueue()
+        except BackendError:
+            raise
+        except Exception as e:  # CLCommandError, or ctypes refusing an argument
+            raise BackendError(f"{self.device}: {op} failed: {e}") from e
+        if sync:
+            if not command.wait(None) or command.error is not None:
+                raise BackendError(f"{self.device}: {op} failed: {command.error}")
+            return _DONE_IN if op == "copy_in" else _DONE_OUT
+        token = TinygradToken(op, command=command, gate=self._gate)
+        self._report(token)
+        return token
+
+    def _report(self, token: TinygradToken) -> None:
+        """Tell the subscribers when the token's command completes (on OpenCL's thread)."""
+        assert token.command is not None
+        token.command.on_done(lambda: self._notify(token))
 
     @staticmethod
     def _buffer(buffer: object) -> tg.Buffer:

@@ -1,23 +1,84 @@
-"""Every use of tinygrad internals, in one place (tinygrad 0.14.x).
+"""Every use of tinygrad internals, in one place (tinygrad 0.14.x); OpenCL's
+own commands and events are beside it, in `tinygrad_cl.py`.
 
 0.14 removed `Buffer.copyin/copyout`; the allocator's `_copyin`/`_copyout`
 remain, and zero-copy host access to CPU memory is `_as_buffer`. Completion
 markers read the device's timeline signal where it has one (HCQ2 devices such
-as CPU, HCQ devices such as NV/AMD) and fall back to `synchronize()`.
-A tinygrad upgrade should touch this file and its test only.
+as CPU, HCQ devices such as NV/AMD), an OpenCL event on CL, and fall back to
+`synchronize()` elsewhere. `capabilities(device)` says which, per device.
+A tinygrad upgrade should touch these files and their tests only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from tinygrad.device import Buffer, BufferSpec, Device
+from tinygrad.device import Allocator, Buffer, Device
 from tinygrad.dtype import DType, dtypes
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import UOp
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a tinygrad device offers the bridge (read from its runtime, not from its name alone)."""
+
+    device: str
+    #: device memory is host memory: zero-copy host access, copies by memmove (CPU)
+    host_memory: bool
+    #: views and copies at an offset inside an allocation (the allocator's `_offset`)
+    sub_buffers: bool
+    #: the completion primitive: "hcq-timeline" (NV, AMD, QCOM), "hcq2-timeline" (CPU),
+    #: "cl-event" (CL: an OpenCL event per command), "synchronize" (CUDA, METAL, PYTHON, ...)
+    events: str
+    #: when tinygrad's `_copyin` reads the host bytes: "on return" (CPU, PYTHON), "into a staging
+    #: buffer before return" (CUDA, NV, AMD), "when the queue runs it" (CL: kept until synchronize)
+    copyin_reads: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "host_memory": self.host_memory,
+            "sub_buffers": self.sub_buffers,
+            "events": self.events,
+            "copyin_reads": self.copyin_reads,
+        }
+
+
+@functools.cache
+def capabilities(device: str) -> Capabilities:
+    """The capability record of an opened tinygrad device."""
+    dev: Any = Device[device]
+    allocator = dev.allocator
+    family = device.split(":")[0]
+    if hasattr(dev, "timeline_signal") and hasattr(dev, "timeline_value"):
+        events = "hcq-timeline"
+    elif hasattr(dev, "signal") and hasattr(dev, "_wait_signal"):
+        events = "hcq2-timeline"
+    elif hasattr(dev, "queue") and hasattr(dev, "pending_copyin"):
+        events = "cl-event"
+    else:
+        events = "synchronize"
+    if events == "cl-event":
+        reads = "when the queue runs it"
+    elif family in ("CPU", "PYTHON"):
+        reads = "on return"
+    elif family in ("CUDA", "NV", "AMD"):
+        reads = "into a staging buffer before return"
+    else:
+        reads = "unknown: treated as on return"
+    return Capabilities(
+        device=device,
+        host_memory=family == "CPU" and hasattr(allocator, "_as_buffer"),
+        sub_buffers=type(allocator)._offset is not Allocator._offset,
+        events=events,
+        copyin_reads=reads,
+    )
 
 
 def default_device() -> str:
@@ -141,8 +202,24 @@ VIEW_ALIGNMENT = 16
 def tensor_view(buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: str) -> Tensor:
     """A Tensor over the buffer's own memory at `offset` (zero-copy on every device)."""
     dt = dtype_of(dtype)
-    sub = buffer.view(math.prod(shape), dt, offset).ensure_allocated()
+    if offset == 0 and not capabilities(buffer.device).sub_buffers:
+        sub = whole_view(buffer, math.prod(shape), dt)
+    else:
+        sub = buffer.view(math.prod(shape), dt, offset).ensure_allocated()
     return Tensor(UOp.from_buffer(sub)).reshape(shape)
+
+
+def whole_view(buffer: Buffer, size: int, dtype: DType) -> Buffer:
+    """A view Buffer of `size` `dtype` items at offset 0 over the buffer's own device memory (its
+    `cl_mem` on CL), for allocators without `_offset`. What `Buffer.allocate` does for a view,
+    with the base's handle itself in place of an `_offset` of it: the view keeps its base alive,
+    and deallocating it frees nothing."""
+    assert size * dtype.itemsize <= buffer.nbytes
+    view = Buffer(buffer.device, size, dtype, base=buffer, offset=0)
+    view.allocator = buffer.allocator
+    buffer.allocated_views += 1
+    view._bufs[view.device] = buffer._buf
+    return view
 
 
 def blob_view(address: int, shape: tuple[int, ...], dtype: str) -> Tensor:
@@ -208,10 +285,11 @@ def synchronize(device: str) -> None:
 __all__ = [
     "VIEW_ALIGNMENT",
     "Buffer",
-    "BufferSpec",
+    "Capabilities",
     "allocate",
     "blob_view",
     "canonical_device",
+    "capabilities",
     "copy_in",
     "copy_out",
     "default_device",
@@ -226,4 +304,5 @@ __all__ = [
     "synchronize",
     "tensor_view",
     "view_anchor",
+    "whole_view",
 ]

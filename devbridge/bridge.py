@@ -276,7 +276,11 @@ class Bridge:
                     f"view [{view.offset}, {view.offset + view.nbytes}) exceeds extent {record.extent}",
                 )
             alignment = self._backend.view_alignment(view.dtype)
-            if view.offset % alignment:
+            if alignment == 0 and view.offset:
+                raise InvalidViewError(
+                    "VIEW-2", f"view offset {view.offset}: the device has no sub-buffer views, only offset 0"
+                )
+            if alignment and view.offset % alignment:
                 raise InvalidViewError(
                     "VIEW-2", f"view offset {view.offset} is not a multiple of {alignment} B, which the device needs"
                 )

@@ -202,7 +202,7 @@ def run_jit_example(
         return (x @ model["w"]).realize()
 
     for _ in range(3):
-        scaled(Tensor.ones(rows, d_in).contiguous().realize())
+        scaled(Tensor.ones(rows, d_in, device=model["w"].device).contiguous().realize())  # the view's device
     model.clear()
     bridge.free_device(w)  # deferred: the JIT can still read w
     bridge.poll()  # logs a warning naming "w" (pending_warning_s=0 here)

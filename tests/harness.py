@@ -17,6 +17,7 @@ from devbridge import Bridge, BridgeError, Event, HostRing
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.errors import InvalidArgumentError
 
 
 @dataclass
@@ -59,6 +60,20 @@ def _tinygrad(device: str) -> Callable[[], Harness]:
     return make
 
 
-# fake and tinygrad's CPU device always; more devices (CUDA, NV, ...) from the environment
-DEVICES = ["CPU", *[d for d in os.environ.get("DEVBRIDGE_TEST_DEVICES", "").split(",") if d]]
+def _opens(device: str) -> bool:
+    try:
+        TinygradBackend(device)
+    except InvalidArgumentError:
+        return False
+    return True
+
+
+#: Every tinygrad device named here that opens on this machine: CPU always; CL where OpenCL is
+#: installed (pocl in CI); PYTHON, tinygrad's emulator with its own memory. More (CUDA, NV, ...)
+#: from the environment. Never tinygrad's default device: each test names its device.
+DEVICES = [
+    d
+    for d in dict.fromkeys(["CPU", "CL", "PYTHON", *os.environ.get("DEVBRIDGE_TEST_DEVICES", "").split(",")])
+    if d and (d == "CPU" or _opens(d))
+]
 HARNESSES: dict[str, Callable[[], Harness]] = {"fake": _fake} | {f"tinygrad-{d}": _tinygrad(d) for d in DEVICES}

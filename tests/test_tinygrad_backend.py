@@ -303,7 +303,7 @@ def test_the_idle_probe_reads_what_synchronize_waits_for() -> None:
     assert probe() is True
     from tinygrad.tensor import Tensor
 
-    (Tensor.ones(256, 256) @ Tensor.ones(256, 256)).realize()
+    (Tensor.ones(256, 256, device="CPU") @ Tensor.ones(256, 256, device="CPU")).realize()
     tg.synchronize("CPU")
     assert probe() is True
     assert tg.host_address(memoryview(b"read-only")) is None  # no address: the allocator path

@@ -108,7 +108,7 @@ for dtype, size in DTYPE_SIZES.items():
             "sum": float(v.sum().numpy()) == float(a.sum()),
             "matmul": same((m @ m).numpy(), fm @ fm),
         }
-        v.assign(Tensor(b, dtype=v.dtype)).realize()  # writes the view's bytes and nothing else
+        v.assign(Tensor(b, dtype=v.dtype, device=v.device)).realize()  # writes the view's bytes and nothing else
         result["assign"] = read(h, extent) == fill[:offset] + b.tobytes() + fill[offset + b.nbytes :]
         report[f"{dtype}@{offset}"] = result
         del v, m

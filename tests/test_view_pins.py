@@ -23,6 +23,7 @@ import pytest
 from rules import deferred, logged
 from support import put, read_device
 from tinygrad import Tensor, TinyJit, nn
+from tinygrad.helpers import Context
 
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends.fake import FakeBackend
@@ -65,7 +66,9 @@ MakeRig = Callable[..., Rig]
 
 @pytest.fixture(params=["fake", "tinygrad-CPU"])
 def make_rig(request: pytest.FixtureRequest) -> Iterator[MakeRig]:
-    """`make_rig(**bridge_kwargs)`: a Rig over the parametrized backend."""
+    """`make_rig(**bridge_kwargs)`: a Rig over the parametrized backend. Both views live on
+    tinygrad's CPU device, so the test's own tensors (nn layers, inputs) are made there too,
+    whatever device tinygrad would pick by default."""
     fakes: list[FakeBackend] = []
 
     def make(**bridge_kwargs: Any) -> Rig:
@@ -76,7 +79,8 @@ def make_rig(request: pytest.FixtureRequest) -> Iterator[MakeRig]:
         recorder = FaultyBackend(TinygradBackend("CPU"))
         return Rig("tinygrad-CPU", Bridge(recorder, **bridge_kwargs), HostRing(1 << 16), None, recorder)
 
-    yield make
+    with Context(DEV="CPU"):
+        yield make
     assert [f.violations for f in fakes] == [[] for _ in fakes]  # the fake's own checks never fired
 
 

@@ -1,0 +1,215 @@
+"""OpenCL's own completion events on tinygrad's CL device (tinygrad 0.14.x).
+
+tinygrad's `CLAllocator._copyin` only enqueues a non-blocking write and keeps
+the host bytes until `synchronize()` (`clFinish`, which drains the whole
+queue); its `_copyout` drains the queue too; its allocator has no `_offset`.
+So the bridge enqueues its own commands on the device's in-order queue, each
+with a `cl_event`:
+
+* a write or read at any byte offset of the allocation's `cl_mem`
+  (`clEnqueueWriteBuffer`/`clEnqueueReadBuffer` take one);
+* a marker (`clEnqueueMarkerWithWaitList`) that completes when every command
+  queued before it has.
+
+A command's status is a non-blocking `clGetEventInfo`; its completion is
+reported by `clSetEventCallback` on OpenCL's own thread, which sets a
+`threading.Event`, so a wait blocks on that (with a timeout), never spins.
+A synchronous write or read is OpenCL's blocking one: it returns when the
+host bytes may be reused (write) or hold the data (read), having waited for
+that command only (on an in-order queue, also for what was queued before it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from tinygrad.device import Device
+from tinygrad.runtime.autogen import opencl as cl
+from tinygrad.runtime.support import c
+
+log = logging.getLogger("devbridge")
+_Callback = c.CFUNCTYPE[None, [cl.cl_event, cl.cl_int, ctypes.c_void_p]]
+
+
+class CLCommandError(Exception):
+    """OpenCL refused to enqueue a command (its error code in the message)."""
+
+
+class Command:
+    """One command on the queue: pending until its `cl_event` completes (or fails).
+
+    The host bytes it reads or writes (`keep`) stay referenced until then. Its
+    completion is recorded by whichever comes first, a query or OpenCL's
+    callback; `on_done` listeners run once, after the callback, on this
+    module's dispatch thread (never on OpenCL's own, which must not re-enter
+    OpenCL, nor on a querying caller's, which may hold its own locks). The
+    event is released with the command."""
+
+    __slots__ = ("_event", "_finished", "_lock", "error", "keep", "listeners")
+
+    def __init__(self, keep: memoryview | None) -> None:
+        self.keep = keep
+        self.error: str | None = None
+        self.listeners: list[Callable[[], None]] | None = []
+        self._event: Any = cl.cl_event()
+        self._finished = threading.Event()
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        """Whether the device has finished the command. Never blocks."""
+        if self._finished.is_set():
+            return True
+        status = ctypes.c_int32()
+        code = cl.clGetEventInfo(
+            self._event, cl.CL_EVENT_COMMAND_EXECUTION_STATUS, ctypes.sizeof(status), ctypes.byref(status), None
+        )
+        if code != 0 or status.value > cl.CL_COMPLETE:
+            return False  # running, queued, or cannot tell: pending (the callback settles it)
+        self._record(status.value)
+        return True
+
+    def on_done(self, listener: Callable[[], None]) -> None:
+        """Call `listener` once the completion callback has run; at once on the dispatch thread if
+        it already has."""
+        with self._lock:
+            if self.listeners is not None:
+                self.listeners.append(listener)
+                return
+        _dispatch.put(listener)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until the command is done or `timeout` seconds pass; whether it is done."""
+        return self._finished.wait(timeout) or self.done()
+
+    def _record(self, status: int) -> None:
+        """Record completion once (a query and the callback may both find it)."""
+        with self._lock:
+            if self._finished.is_set():
+                return
+            if status < 0:
+                self.error = f"OpenCL error {status} ({_ERRORS.get(status, 'unknown')})"
+            self.keep = None
+            self._finished.set()
+
+    def _called_back(self, status: int) -> None:
+        self._record(status)
+        with self._lock:
+            listeners, self.listeners = self.listeners or [], None
+        for listener in listeners:
+            _dispatch.put(listener)
+
+    def __del__(self) -> None:
+        if self._event:
+            cl.clReleaseEvent(self._event)
+
+
+_ERRORS = {v: k for k in dir(cl) if k.startswith("CL_") and isinstance(v := getattr(cl, k), int) and v < 0}
+_watched: dict[int, Command] = {}  # callback id -> command whose completion callback has not run yet
+_ids = itertools.count(1)
+_watched_lock = threading.Lock()
+_dispatch: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+
+def _on_event(event: Any, status: int, user_data: Any) -> None:
+    with _watched_lock:
+        command = _watched.pop(int(user_data or 0), None)
+    if command is not None:
+        command._called_back(status)
+
+
+def _run_listeners() -> None:
+    while True:
+        listener = _dispatch.get()
+        try:
+            listener()
+        except Exception:  # a listener's own failure must not stop every later report
+            log.exception("devbridge: a completion listener failed")
+
+
+threading.Thread(target=_run_listeners, name="devbridge-cl-events", daemon=True).start()
+_CALLBACK = _Callback(_on_event)  # one C callback for the process: kept alive here
+
+
+class CLQueue:
+    """Commands with events on one CL device's queue (the queue tinygrad runs its kernels on)."""
+
+    def __init__(self, device: str) -> None:
+        dev: Any = Device[device]
+        self.device = device
+        self.queue = dev.queue
+        self.context = dev.context
+
+    def write(self, mem: Any, offset: int, src: memoryview, *, blocking: bool) -> Command:
+        """Host `src` -> `len(src)` bytes of `mem` at `offset`."""
+        command = Command(None if blocking else src)
+        self._enqueue(
+            command,
+            lambda ev: cl.clEnqueueWriteBuffer(self.queue, mem, blocking, offset, len(src), _address(src), 0, None, ev),
+        )
+        return command
+
+    def read(self, dst: memoryview, mem: Any, offset: int, *, blocking: bool) -> Command:
+        """`len(dst)` bytes of `mem` at `offset` -> host `dst`."""
+        command = Command(None if blocking else dst)
+        self._enqueue(
+            command,
+            lambda ev: cl.clEnqueueReadBuffer(self.queue, mem, blocking, offset, len(dst), _address(dst), 0, None, ev),
+        )
+        return command
+
+    def marker(self) -> Command:
+        """A command done once everything queued before it is."""
+        command = Command(None)
+        self._enqueue(command, lambda ev: cl.clEnqueueMarkerWithWaitList(self.queue, 0, None, ev))
+        return command
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Until the block exits the device runs nothing enqueued after this (a barrier waiting on
+        a user event): a test sees what a late-running command does with host bytes."""
+        status = ctypes.c_int32()
+        user = cl.clCreateUserEvent(self.context, ctypes.byref(status))
+        _check(status.value, "clCreateUserEvent")
+        try:
+            _check(cl.clEnqueueBarrierWithWaitList(self.queue, 1, ctypes.byref(user), None), "barrier")
+            cl.clFlush(self.queue)
+            yield
+        finally:
+            cl.clSetUserEventStatus(user, cl.CL_COMPLETE)
+            cl.clReleaseEvent(user)
+
+    def finish(self) -> None:
+        """Wait for everything queued (clFinish)."""
+        _check(cl.clFinish(self.queue), "clFinish")
+
+    def _enqueue(self, command: Command, enqueue: Callable[[Any], int]) -> None:
+        code = enqueue(ctypes.byref(command._event))
+        if code != 0:
+            command._event = None
+            _check(code, "enqueue")
+        key = next(_ids)
+        with _watched_lock:
+            _watched[key] = command
+        code = cl.clSetEventCallback(command._event, cl.CL_COMPLETE, _CALLBACK, ctypes.c_void_p(key))
+        if code != 0:  # no callback: queries still find it done; nothing reports it
+            with _watched_lock:
+                _watched.pop(key, None)
+        cl.clFlush(self.queue)  # submitted now, not at the next synchronize
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise CLCommandError(f"{what}: OpenCL error {code} ({_ERRORS.get(code, 'unknown')})")
+
+
+def _address(view: memoryview) -> int:
+    """The address of a contiguous host view's first byte (read-only views included)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)

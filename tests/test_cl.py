@@ -1,0 +1,276 @@
+"""The contract on a device with its own memory and an asynchronous queue: tinygrad's CL device
+(OpenCL; pocl on the CPU here and in CI, installed by scripts/setup).
+
+On CL "returned" is not "done": tinygrad's own `_copyin` only enqueues a write and keeps the
+host bytes until a `synchronize()`. Each test here makes the queue really busy (tinygrad matmuls
+queued ahead, or a barrier the test holds) so that a copy that returned early, a view that is
+not over the allocation's memory, or a call that drains the queue shows up in the bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from harness import DEVICES
+
+from devbridge import (
+    Bridge,
+    DeviceRange,
+    HostRing,
+    InvalidViewError,
+    ObjectSpec,
+    OutputNotReadyError,
+    StaleHandleError,
+    TensorViewSpec,
+)
+from devbridge.backends.faulty import FaultyBackend
+from devbridge.backends.tinygrad import TinygradBackend
+
+# Skipped only where no OpenCL driver is installed at all (scripts/setup installs pocl): with one
+# registered, CL must open and pass.
+if not any(Path("/etc/OpenCL/vendors").glob("*.icd")):
+    pytest.skip("no OpenCL driver installed (scripts/setup installs pocl)", allow_module_level=True)
+assert "CL" in DEVICES, "an OpenCL driver is installed but tinygrad cannot open CL"
+
+N = 1 << 16
+U8, F32 = ObjectSpec("blob", "uint8"), ObjectSpec("x", "float32")
+
+
+class Busy:
+    """Queues about `seconds` of matmuls on CL without waiting for them (calibrated once)."""
+
+    def __init__(self, seconds: float = 0.5) -> None:
+        from tinygrad import Device, Tensor
+
+        self.device = Device["CL"]
+        self.a = Tensor.rand(512, 512, device="CL").realize()
+        (self.a @ self.a).realize()  # compiled now, not in a timed call
+        self.device.synchronize()
+        start = time.perf_counter()
+        (self.a @ self.a).realize()
+        self.device.synchronize()
+        self.count = max(2, int(seconds / max(time.perf_counter() - start, 1e-4)))
+
+    def queue(self) -> None:
+        x = self.a
+        for _ in range(self.count):
+            x = (x @ self.a * 1e-3).realize()  # each waits for the one before on the in-order queue
+
+    def drain(self) -> None:
+        self.device.synchronize()
+
+
+@pytest.fixture(scope="module")
+def busy() -> Iterator[Busy]:
+    b = Busy()
+    yield b
+    b.drain()
+
+
+def rig() -> tuple[Bridge, FaultyBackend, TinygradBackend]:
+    real = TinygradBackend("CL")
+    recorder = FaultyBackend(real)
+    return Bridge(recorder), recorder, real
+
+
+def read(bridge: Bridge, ring: HostRing, dst: DeviceRange) -> bytes:
+    out = ring.reserve(dst.nbytes)
+    bridge.device_to_host(dst, out)
+    data = bytes(ring.view(out))
+    ring.release(out)
+    return data
+
+
+@pytest.mark.holds("H2D-2")
+def test_a_sync_upload_returns_only_after_the_busy_device_read_the_host_bytes(busy: Busy) -> None:
+    from tinygrad.device import Buffer
+    from tinygrad.dtype import dtypes
+
+    # Control: tinygrad's own _copyin on the same busy queue returns before the device reads the
+    # host bytes, so overwriting them at return corrupts every byte on the device.
+    raw = Buffer("CL", N, dtypes.uint8).allocate()
+    host = np.full(N, 1, dtype=np.uint8)  # numpy's 64-byte alignment: tinygrad copies it no earlier
+    busy.queue()
+    raw.allocator._copyin(raw._buf, memoryview(host))
+    host[:] = 2
+    busy.drain()
+    back = np.empty(N, dtype=np.uint8)
+    raw.allocator._copyout(memoryview(back), raw._buf)
+    assert set(back.tolist()) == {2}, "the control copy was not late: the queue was not busy enough"
+
+    bridge, _, _ = rig()
+    x = bridge.alloc_device(U8, N)
+    ring, outputs = HostRing(N), HostRing(N)
+    src = ring.reserve(N)
+    ring.view(src)[:] = b"\x01" * N
+    busy.queue()
+    bridge.host_to_device(src, DeviceRange(x, 0, N))
+    assert ring.released(src)
+    again = ring.reserve(N)  # the same bytes of the ring, reused as the contract allows (H2D-2)
+    assert ring.raw(again) == ring.raw(src)
+    ring.view(again)[:] = b"\x02" * N
+    assert read(bridge, outputs, DeviceRange(x, 0, N)) == b"\x01" * N
+
+
+@pytest.mark.holds("VIEW-1", "VIEW-2")
+def test_a_whole_view_is_the_allocations_memory_and_an_offset_view_is_refused() -> None:
+    bridge, recorder, _ = rig()
+    ring = HostRing(1 << 12)
+    x = bridge.alloc_device(F32, 64)
+    whole = bridge.wrap_for_tinygrad(x, TensorViewSpec((4, 4), "float32"))
+    head = bridge.wrap_for_tinygrad(x, TensorViewSpec((2, 2), "float32"))  # offset 0, fewer bytes
+    data = np.arange(16, dtype=np.float32)
+    src = ring.reserve(64)
+    ring.view(src)[:] = data.tobytes()
+    bridge.host_to_device(src, DeviceRange(x, 0, 64))  # written after wrapping: seen through the views
+    np.testing.assert_array_equal(whole.numpy(), data.reshape(4, 4))
+    np.testing.assert_array_equal(head.numpy(), data[:4].reshape(2, 2))
+    with bridge.compute(x):
+        whole.assign(whole * 2 + 1).realize()  # a kernel writing through the view writes the allocation
+    assert np.frombuffer(read(bridge, ring, DeviceRange(x, 0, 64)), np.float32).tolist() == (data * 2 + 1).tolist()
+
+    before, state = list(recorder.ops), bridge.state(x)
+    with pytest.raises(InvalidViewError) as refused:
+        bridge.wrap_for_tinygrad(x, TensorViewSpec((4,), "float32", 16))
+    assert refused.value.rule == "VIEW-2" and "no sub-buffer views, only offset 0" in str(refused.value)
+    assert list(recorder.ops) == before and bridge.state(x) == state  # no backend call, nothing changed
+    del whole, head
+    gc.collect()
+    assert bridge.state(x) == "idle"
+
+
+@pytest.mark.holds("H2D-1", "D2H-1")
+@pytest.mark.parametrize("sync", [True, False])
+def test_copies_of_part_of_an_allocation_are_exact(sync: bool) -> None:
+    bridge, _, _ = rig()
+    ring = HostRing(1 << 12)
+    x = bridge.alloc_device(U8, 256)
+    guard = ring.reserve(256)
+    ring.view(guard)[:] = b"\xaa" * 256
+    bridge.host_to_device(guard, DeviceRange(x, 0, 256))
+    for offset, nbytes in ((0, 10), (37, 5), (250, 6)):
+        src = ring.reserve(nbytes)
+        ring.view(src)[:] = bytes(range(offset, offset + nbytes))
+        ev = bridge.host_to_device(src, DeviceRange(x, offset, nbytes), sync=sync)
+        ev.wait(timeout=30)
+        assert ev.error is None and ring.released(src)
+    want = bytearray(b"\xaa" * 256)
+    for offset, nbytes in ((0, 10), (37, 5), (250, 6)):
+        want[offset : offset + nbytes] = bytes(range(offset, offset + nbytes))
+    out = ring.reserve(12)
+    ring.view(out)[:] = b"\xee" * 12
+    ev = bridge.device_to_host(DeviceRange(x, 35, 4), out.sub(4, 4), sync=sync)
+    ev.wait(timeout=30)
+    assert bytes(ring.view(out)) == b"\xee" * 4 + bytes(want[35:39]) + b"\xee" * 4
+    assert read(bridge, ring, DeviceRange(x, 0, 256)) == bytes(want)
+
+
+@pytest.mark.holds("H2D-3", "D2H-3", "FREE-1", "GEN-1")
+def test_nothing_waits_for_queued_work_it_does_not_need(busy: Busy) -> None:
+    """With work queued ahead, an async copy, a compute block, a free and a restart all return
+    while the device is still busy: each event is still pending when its call returns, and a
+    second done() still says so (a done() that waited would have found it finished)."""
+    bridge, _, _ = rig()
+    ring = HostRing(1 << 12)
+    x, y, z = (bridge.alloc_device(U8, 64) for _ in range(3))
+    src = ring.reserve(64)
+    ring.view(src)[:] = bytes(range(64))
+    busy.queue()
+    up = bridge.host_to_device(src, DeviceRange(x, 0, 64), sync=False)
+    assert not up.done() and not up.done() and not ring.released(src)
+    with bridge.compute(y) as comp:
+        pass
+    assert not comp.done()
+    out = ring.reserve(64)
+    down = bridge.device_to_host(DeviceRange(z, 0, 64), out, sync=False)
+    with pytest.raises(OutputNotReadyError):
+        ring.view(out)
+    bridge.free_device(x)
+    assert bridge.state(x) == "free_pending" and not up.done()
+    up.wait(timeout=60)
+    assert up.error is None and ring.released(src) and bridge.state(x) == "freed"
+    comp.wait(timeout=60)
+    down.wait(timeout=60)
+    assert bridge.state(y) == bridge.state(z) == "idle"
+
+    again = ring.reserve(64)
+    ring.view(again)[:] = bytes(64)
+    busy.queue()
+    late = bridge.host_to_device(again, DeviceRange(z, 0, 64), sync=False)
+    bridge.restart()  # returns at once; the old memory is released when the device is done with it
+    assert bridge.state(z) == "stale_pending" and not late.done()
+    with pytest.raises(StaleHandleError):
+        late.wait(timeout=60)
+    assert bridge.state(z) == "stale" and not ring.released(again)  # aborted: kept for a retry (COPY-F)
+
+
+@pytest.mark.holds("H2D-3")
+def test_a_held_queue_keeps_an_async_upload_reading_the_host_bytes() -> None:
+    """hold_copies on CL holds the device itself (a barrier on a user event): the command that
+    reads the host bytes has not run, so they stay unreleased and read-only."""
+    bridge, _, real = rig()
+    ring = HostRing(1 << 12)
+    x = bridge.alloc_device(U8, 16)
+    src = ring.reserve(16)
+    ring.view(src)[:] = b"held queue bytes"
+    with real.hold_copies():
+        ev = bridge.host_to_device(src, DeviceRange(x, 0, 16), sync=False)
+        time.sleep(0.05)  # the device would have run the write by now, were it not held
+        assert not ev.done() and not ring.released(src) and ring.view(src).readonly
+    ev.wait(timeout=30)
+    assert ev.error is None and ring.released(src)
+    assert read(bridge, ring, DeviceRange(x, 0, 16)) == b"held queue bytes"
+
+
+def run_demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "CL", "CPU")}  # tinygrad's own default
+    return subprocess.run(
+        [sys.executable, "-m", "devbridge", "demo", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def summary(stdout: str) -> dict[str, Any]:
+    lines = stdout.splitlines()
+    overlapped = next(line for line in lines if "computes overlapping an upload" in line)
+    return {
+        "first": lines[0],
+        "overlapped": int(overlapped.split("computes overlapping an upload ")[1].split()[0]),
+        "last": lines[-1],
+    }
+
+
+def test_the_demo_runs_on_tinygrads_default_device(tmp_path: Path) -> None:
+    from devbridge.backends import tinygrad_compat as tg
+
+    run = run_demo(tmp_path, "--objects", "60")
+    assert run.returncode == 0, run.stderr
+    got = summary(run.stdout)
+    assert got["first"].startswith(f"backend tinygrad:{tg.default_device()}: 60/60 objects in ")
+    assert got["last"] == "lost: 0  duplicated: 0  wrong: 0"
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_the_demo_on_cl_delivers_every_object_once_with_computes_overlapping_uploads(
+    tmp_path: Path, faulty: bool
+) -> None:
+    extra = ("--faults", "0.05", "--restart-every", "50") if faulty else ()
+    run = run_demo(tmp_path, "--device", "CL", "--objects", "300", *extra)
+    assert run.returncode == 0, run.stderr
+    got = summary(run.stdout)
+    assert got["first"].startswith("backend tinygrad:CL: 300/300 objects in ")
+    assert got["last"] == "lost: 0  duplicated: 0  wrong: 0"
+    assert got["overlapped"] > 0
