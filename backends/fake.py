@@ -16,7 +16,14 @@ makes progress in a single-threaded test instead of blocking forever.
 
 Asynchronous data moves at completion time, as on a real device: an input
 copy reads the host bytes when it completes, so host bytes released too
-early show up as wrong device bytes.
+early show up as wrong device bytes, and the fake's own `late-read` check
+names it: the bytes a copy reads must be the bytes it was given.
+
+`reads_sync_late` seeds the bug of a device whose synchronous copy only
+enqueues, as tinygrad's own `_copyin` on OpenCL does: the copy reports done
+at submission, but moves its bytes only when the queue reaches it: once the
+events pending ahead of it have all completed, and no earlier than the
+fake's next call that submits or ends work.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ VIOLATION_KINDS = (
     "out-of-bounds",  # a range outside the buffer
     "order",  # run before a pending use it conflicts with (ORDER-1)
     "guard-bytes",  # bytes outside the buffer were written
+    "late-read",  # an input copy read host bytes that changed after it was issued (released too early)
 )
 
 
@@ -114,6 +122,7 @@ class FakeEvent:
     apply: Callable[[], None] | None
     status: Status = PENDING
     span: tuple[int, int] | None = None  # the bytes a copy touches; None: all of its buffers
+    after: tuple[int, ...] = ()  # reads_sync_late: the events whose end moves this one's bytes
 
     @property
     def pending(self) -> bool:
@@ -122,6 +131,9 @@ class FakeEvent:
 
 class FakeBackend:
     name = "fake"
+    #: A seeded device bug (see the module's docstring): synchronous copies done on return
+    #: while their bytes move only after the events pending ahead of them.
+    reads_sync_late = False
 
     def __init__(self, capacity: int | None = DEFAULT_CAPACITY, *, run_on_wait: bool = True) -> None:
         """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails.
@@ -135,6 +147,7 @@ class FakeBackend:
         #: While True, an asynchronous copy that is not armed to fail finishes at submission (its
         #: token is done on return), as the tinygrad backend does with a small copy to an idle CPU.
         self.finish_at_once = False
+        self._late: list[FakeEvent] = []  # reads_sync_late: copies reported done whose bytes wait
         self.generation = 0
         self.calls: list[Call] = []
         self.violations: list[FakeViolation] = []  # each also raised where it happened
@@ -225,6 +238,7 @@ class FakeBackend:
 
     def free(self, buffer: object) -> None:
         with self._cond:
+            self._run_late()
             buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
             if buf is None:
                 self._violate("unknown-buffer", f"free of unknown buffer {buffer!r}")
@@ -244,14 +258,27 @@ class FakeBackend:
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
         with self._cond:
+            self._run_late()
             buf = self._usable(buffer, offset, len(src), "copy_in")
             span = (offset, offset + len(src))
-            ev = self._new_event("copy_in", (buf.id,), lambda: self._write(buf, offset, bytes(src)), span)
+            given = bytes(src)
+
+            def move() -> None:
+                if (data := bytes(src)) != given:
+                    self._violate(
+                        "late-read",
+                        f"copy_in into buffer #{buf.id} {span} read host bytes that changed after it was issued: "
+                        "they were released before the device read them (H2D-2, H2D-3)",
+                    )
+                self._write(buf, offset, data)
+
+            ev = self._new_event("copy_in", (buf.id,), move, span)
             self.calls.append(Call("copy_in", buf.id, offset, len(src), sync, ev.id, generation=self.generation))
             return self._submit(ev, sync)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
         with self._cond:
+            self._run_late()
             buf = self._usable(buffer, offset, len(dst), "copy_out")
 
             def move() -> None:
@@ -263,6 +290,7 @@ class FakeBackend:
 
     def compute(self, buffers: Sequence[object]) -> object:
         with self._cond:
+            self._run_late()
             bufs = [self._usable(b, 0, 0, "compute") for b in buffers]
             ev = self._new_event("compute", tuple(b.id for b in bufs), None)
             self.calls.append(Call("compute", event=ev.id, buffers=ev.buffers, generation=self.generation))
@@ -340,6 +368,7 @@ class FakeBackend:
         if self._take_fault(op):
             if ev.pending:
                 ev.status = Status(True, f"fake: {op} failed; the work was abandoned")
+                self._run_late()
                 self._cond.notify_all()
             raise BackendError(f"fake: {op} of event #{ev.id} failed")
 
@@ -393,10 +422,22 @@ class FakeBackend:
         if ev.fail:
             ev.status = Status(True, f"fake: {ev.op} failed")
             raise BackendError(ev.status.error)
-        if ev.apply:
+        if sync and self.reads_sync_late:  # reported done now; the bytes move when the queue reaches it
+            ev.after = tuple(e.id for e in self.pending() if e is not ev)
+            self._late.append(ev)
+        elif ev.apply:
             ev.apply()
         ev.status = OK
         return ev
+
+    def _run_late(self) -> None:
+        """reads_sync_late: move the bytes of the copies whose events ahead have all ended (at the
+        next call that submits or ends work: the device runs what is ready before taking more)."""
+        while ready := [e for e in self._late if not any(self._events[a].pending for a in e.after)]:
+            for ev in ready:
+                self._late.remove(ev)
+                if ev.apply:
+                    ev.apply()
 
     def _write(self, buf: FakeBuffer, offset: int, data: bytes) -> None:
         buf.data[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
@@ -425,6 +466,7 @@ class FakeBackend:
             if failure is None and ev.apply is not None:
                 ev.apply()
             ev.status = Status(True, failure)
+            self._run_late()
             self._cond.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:  # outside the lock: listeners take the Bridge's lock

@@ -33,7 +33,7 @@ class Load:
     """About `seconds` of matmuls, queued without waiting (calibrated on the device first)."""
 
     def __init__(self, device: str, seconds: float) -> None:
-        from tinygrad import Tensor
+        from tinygrad.tensor import Tensor
 
         self.device = device
         self.a = Tensor.rand(512, 512, device=device).realize()

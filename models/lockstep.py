@@ -729,7 +729,8 @@ class Lockstep:
 FAKE_CHECKS: dict[str, tuple[str, ...]] = {
     "INV-NO-FREE-IN-USE": ("free-in-use", "free-under-view"),
     "INV-FREE-ONCE": ("double-free", "unknown-buffer"),
-    "INV-EXACT": ("out-of-bounds", "guard-bytes", "unaligned-view", "order"),  # "order": issue-order bytes
+    # "order": issue-order bytes; "late-read": the bytes an input copy read were not those it was given
+    "INV-EXACT": ("out-of-bounds", "guard-bytes", "unaligned-view", "order", "late-read"),
     "INV-GENERATION": ("old-generation", "freed-buffer"),
 }
 

@@ -61,6 +61,15 @@ def free_while_in_use() -> Iterator[None]:
         yield
 
 
+@mutant("device-bytes", "host-bytes", "fake:late-read")
+def sync_copy_done_at_submission() -> Iterator[None]:
+    """The device's synchronous copy only enqueues (tinygrad's `_copyin` on OpenCL): it is done on
+    return, but its bytes move only once the events pending ahead of it have ended. The device
+    bytes (or, for an output copy, the host bytes) are not the ones the copy returned with."""
+    with mock.patch.object(FakeBackend, "reads_sync_late", True):
+        yield
+
+
 @mutant("cursor", values="H2D-3")
 def release_on_submit() -> Iterator[None]:
     """An async input's host bytes are released when the copy is submitted, not completed."""

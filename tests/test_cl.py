@@ -33,7 +33,8 @@ from devbridge import (
     TensorViewSpec,
 )
 from devbridge.backends.faulty import FaultyBackend
-from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.backends.tinygrad import TinygradBackend, TinygradToken
+from devbridge.backends.tinygrad_compat import Buffer
 
 # Skipped only where no OpenCL driver is installed at all (scripts/setup installs pocl): with one
 # registered, CL must open and pass.
@@ -90,9 +91,25 @@ def read(bridge: Bridge, ring: HostRing, dst: DeviceRange) -> bytes:
     return data
 
 
+def h2d_2_holds(bridge: Bridge, busy: Busy) -> None:
+    """H2D-2 on a busy queue: a synchronous upload returns, its host bytes are overwritten at
+    once (reused, as the contract allows), and the device must hold the bytes as they were."""
+    x = bridge.alloc_device(U8, N)
+    ring, outputs = HostRing(N), HostRing(N)
+    src = ring.reserve(N)
+    ring.view(src)[:] = b"\x01" * N
+    busy.queue()
+    bridge.host_to_device(src, DeviceRange(x, 0, N))
+    assert ring.released(src)
+    again = ring.reserve(N)  # the same bytes of the ring
+    assert ring.raw(again) == ring.raw(src)
+    ring.view(again)[:] = b"\x02" * N
+    got = read(bridge, outputs, DeviceRange(x, 0, N))
+    assert got == b"\x01" * N, f"H2D-2: the device read the host bytes after the upload returned ({got[:4]!r}...)"
+
+
 @pytest.mark.holds("H2D-2")
 def test_a_sync_upload_returns_only_after_the_busy_device_read_the_host_bytes(busy: Busy) -> None:
-    from tinygrad.device import Buffer
     from tinygrad.dtype import dtypes
 
     # Control: tinygrad's own _copyin on the same busy queue returns before the device reads the
@@ -107,18 +124,24 @@ def test_a_sync_upload_returns_only_after_the_busy_device_read_the_host_bytes(bu
     raw.allocator._copyout(memoryview(back), raw._buf)
     assert set(back.tolist()) == {2}, "the control copy was not late: the queue was not busy enough"
 
-    bridge, _, _ = rig()
-    x = bridge.alloc_device(U8, N)
-    ring, outputs = HostRing(N), HostRing(N)
-    src = ring.reserve(N)
-    ring.view(src)[:] = b"\x01" * N
-    busy.queue()
-    bridge.host_to_device(src, DeviceRange(x, 0, N))
-    assert ring.released(src)
-    again = ring.reserve(N)  # the same bytes of the ring, reused as the contract allows (H2D-2)
-    assert ring.raw(again) == ring.raw(src)
-    ring.view(again)[:] = b"\x02" * N
-    assert read(bridge, outputs, DeviceRange(x, 0, N)) == b"\x01" * N
+    h2d_2_holds(rig()[0], busy)
+
+
+class EnqueueOnly(TinygradBackend):
+    """A seeded bug: a synchronous upload that only enqueues (tinygrad's own `_copyin` on CL)
+    and reports done on return."""
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        if not sync:
+            return super().copy_in(buffer, offset, src, sync=sync)
+        assert isinstance(buffer, Buffer) and offset == 0 and len(src) == buffer.nbytes
+        buffer.allocator._copyin(buffer._buf, src)
+        return TinygradToken("copy_in", probe=lambda: True)
+
+
+def test_the_h2d_2_check_catches_a_sync_upload_that_only_enqueues(busy: Busy) -> None:
+    with pytest.raises(AssertionError, match=r"^H2D-2: the device read the host bytes after the upload returned"):
+        h2d_2_holds(Bridge(EnqueueOnly("CL")), busy)
 
 
 @pytest.mark.holds("VIEW-1", "VIEW-2")

@@ -312,3 +312,46 @@ def test_the_order_check_looks_past_pending_work_on_other_buffers() -> None:
     fake.copy_in(b, 0, memoryview(bytes(4)), sync=False)
     kind, message = violation(fake, lambda: fake.copy_out(memoryview(bytearray(2)), b, 2, sync=False))
     assert kind == "order" and "pending event #1" in message
+
+
+def test_an_input_copy_that_reads_changed_host_bytes_is_a_late_read() -> None:
+    """Host bytes an asynchronous input copy was given must not change before the device reads
+    them (at completion): if they do, they were released too early (H2D-2, H2D-3)."""
+    fake = FakeBackend()
+    buf = fake.alloc(4, "uint8")
+    host = bytearray(b"good")
+    ev = fake.copy_in(buf, 0, memoryview(host), sync=False)
+    host[:] = b"evil"
+    kind, message = violation(fake, lambda: fake.complete(ev))
+    assert kind == "late-read" and "read host bytes that changed after it was issued" in message
+    assert fake.buffer(0).data.tobytes() == b"\0\0\0\0"  # nothing moved
+
+
+def seeded_device_run(reads_sync_late: bool) -> tuple[FakeBackend, bytes]:
+    """Through the Bridge: an async upload pending on the device, then a sync upload whose host
+    bytes are reused once it returns (the contract allows it), then the pending upload ends."""
+    from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
+
+    fake = FakeBackend()
+    fake.reads_sync_late = reads_sync_late
+    bridge, ring = Bridge(fake), HostRing(8)
+    x, y = (bridge.alloc_device(ObjectSpec("b", "uint8"), 4) for _ in range(2))
+    first, second = ring.reserve(4), ring.reserve(4)
+    ring.view(first)[:], ring.view(second)[:] = b"sync", b"asyn"
+    pending = bridge.host_to_device(second, DeviceRange(x, 0, 4), sync=False)
+    bridge.host_to_device(first, DeviceRange(y, 0, 4))  # sync: the bytes are released on return
+    reused = ring.reserve(4)
+    assert ring.raw(reused) == ring.raw(first)  # the same bytes of the ring
+    ring.view(reused)[:] = b"XXXX"
+    fake.complete(pending)
+    return fake, fake.buffer(1).data.tobytes()
+
+
+def test_a_device_whose_sync_copy_only_enqueues_is_caught_by_the_late_read_check() -> None:
+    """The seeded device bug (`reads_sync_late`, tinygrad's `_copyin` on OpenCL): the sync copy
+    reports done, the Bridge releases its bytes, and the device reads them after they were reused."""
+    fake, got = seeded_device_run(reads_sync_late=False)
+    assert got == b"sync" and fake.violations == []  # a device that reads before returning
+    with pytest.raises(FakeViolation) as caught:
+        seeded_device_run(reads_sync_late=True)
+    assert caught.value.kind == "late-read"
