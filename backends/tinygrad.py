@@ -44,7 +44,9 @@ copies in flight on its allocations.
 
 Release and tinygrad's LRU cache: `free` means the bridge gives up its
 ownership. The Buffer is parked until the device has finished the work
-queued before the free, then dropped (on an idle CPU device, at once); tinygrad returns the memory to its LRU
+queued before the free, then dropped (on an idle CPU device, at once; on CL
+at once, since every later use of the memory runs behind that work on the
+device's in-order queue); tinygrad returns the memory to its LRU
 cache only once no tinygrad object (a view, a lazy graph built on one)
 refers to it any more. So a reused address is never visible through an old
 view, and old handles never reach the backend (the Bridge rejects them).
@@ -150,6 +152,10 @@ class TinygradBackend:
         buf = self._buffer(buffer)
         if self._idle is not None and self._idle():
             return  # nothing queued can still use it: dropped now
+        if self._queue is not None:
+            # dropped now: whatever reuses the memory (tinygrad's LRU cache hands the cl_mem to a
+            # later Buffer) is enqueued on the same in-order queue, after the work queued before
+            return
         probe = self._marker()
         with self._lock:
             self._parked.append((probe, buf))
@@ -159,7 +165,9 @@ class TinygradBackend:
         buf = self._buffer(buffer)
         if self._queue is not None:
             queue = self._queue
-            return self._command("copy_in", sync, lambda: queue.write(buf._buf, offset, src, blocking=sync))
+            return self._command(
+                "copy_in", sync, lambda: queue.copy(src, buf._buf, offset, into_device=True, blocking=sync)
+            )
         if self._at_once(sync, len(src)) and self._direct(buf, offset, src, into_device=True):
             return _DONE_IN
         memory = None if sync else tg.host_bytes(buf)
@@ -177,7 +185,9 @@ class TinygradBackend:
         buf = self._buffer(buffer)
         if self._queue is not None:
             queue = self._queue
-            return self._command("copy_out", sync, lambda: queue.read(dst, buf._buf, offset, blocking=sync))
+            return self._command(
+                "copy_out", sync, lambda: queue.copy(dst, buf._buf, offset, into_device=False, blocking=sync)
+            )
         if self._at_once(sync, len(dst)) and self._direct(buf, offset, dst, into_device=False):
             return _DONE_OUT
         memory = None if sync else tg.host_bytes(buf)
@@ -250,6 +260,30 @@ class TinygradBackend:
         return True
 
     # ------------------------------------------------------------ extras
+
+    def preflight(self) -> None:
+        """What the worker needs, tried once on 64 bytes: a synchronous upload, a view, a kernel
+        on it, a synchronous download, a free. BackendError naming the step that failed (a device
+        that opens but has no copies, views or kernels: NULL, NPY, DISK, ...)."""
+        values = np.arange(16, dtype=np.float32)
+        step = "allocate"
+        try:
+            buffer = self.alloc(values.nbytes, "float32")
+            step = "upload"
+            self.copy_in(buffer, 0, memoryview(bytearray(values.tobytes())), sync=True)  # writable, as a ring's
+            step = "make a view"
+            view = self.view(buffer, 0, (16,), "float32")
+            step = "run a kernel on a view"
+            got = (view + 1).numpy()
+            step = "download"
+            out = bytearray(values.nbytes)
+            self.copy_out(memoryview(out), buffer, 0, sync=True)
+            del view
+            self.free(buffer)
+        except Exception as e:
+            raise BackendError(f"{self.device} cannot {step}: {short(e)}") from e
+        if got.tolist() != (values + 1).tolist() or bytes(out) != values.tobytes():
+            raise BackendError(f"{self.device} computes or copies wrong bytes")
 
     @contextlib.contextmanager
     def hold_copies(self) -> Iterator[None]:

@@ -147,22 +147,13 @@ class CLQueue:
         self.queue = dev.queue
         self.context = dev.context
 
-    def write(self, mem: Any, offset: int, src: memoryview, *, blocking: bool) -> Command:
-        """Host `src` -> `len(src)` bytes of `mem` at `offset`."""
-        command = Command(None if blocking else src)
-        self._enqueue(
-            command,
-            lambda ev: cl.clEnqueueWriteBuffer(self.queue, mem, blocking, offset, len(src), _address(src), 0, None, ev),
-        )
-        return command
-
-    def read(self, dst: memoryview, mem: Any, offset: int, *, blocking: bool) -> Command:
-        """`len(dst)` bytes of `mem` at `offset` -> host `dst`."""
-        command = Command(None if blocking else dst)
-        self._enqueue(
-            command,
-            lambda ev: cl.clEnqueueReadBuffer(self.queue, mem, blocking, offset, len(dst), _address(dst), 0, None, ev),
-        )
+    def copy(self, host: memoryview, mem: Any, offset: int, *, into_device: bool, blocking: bool) -> Command:
+        """Host bytes `host` -> `len(host)` bytes of `mem` at `offset` (`into_device`), or those
+        device bytes -> `host`: one write or read command."""
+        command = Command(None if blocking else host)
+        enqueue = cl.clEnqueueWriteBuffer if into_device else cl.clEnqueueReadBuffer
+        address = _address(host)
+        self._enqueue(command, lambda ev: enqueue(self.queue, mem, blocking, offset, len(host), address, 0, None, ev))
         return command
 
     def marker(self) -> Command:

@@ -233,6 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    from devbridge.cli import unusable
+    from devbridge.errors import InvalidArgumentError
+
+    try:
+        reason = unusable(TinygradBackend(args.device))
+    except InvalidArgumentError as e:
+        reason = e.detail
+    if reason is not None:
+        parser.error(reason)
     rows = run(args.device, args.rounds, args.quick, args.only)
     if args.json:
         print(json.dumps({"device": args.device, "rounds": args.rounds, "rows": [asdict(r) for r in rows]}))

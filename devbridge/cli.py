@@ -174,10 +174,28 @@ def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend
         usage_error(args.command, "--device names a tinygrad device; the fake backend has none")
         return None
     try:
-        return make_backend(args.backend, device)
+        backend = make_backend(args.backend, device)
     except InvalidArgumentError as e:
         usage_error(args.command, e.detail)
         return None
+    if (reason := unusable(backend)) is not None:
+        usage_error(args.command, reason)
+        return None
+    return backend
+
+
+def unusable(backend: Backend) -> str | None:
+    """Why a device that opened cannot run the worker (copies, views, kernels), or None."""
+    from devbridge.backends.base import BackendError
+
+    preflight = getattr(backend, "preflight", None)
+    if preflight is None:
+        return None
+    try:
+        preflight()
+    except BackendError as e:
+        return f"device {e}: the worker needs copies, views and kernels"
+    return None
 
 
 def progress_bar(args: argparse.Namespace) -> bool:

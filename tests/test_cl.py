@@ -297,3 +297,38 @@ def test_the_demo_on_cl_delivers_every_object_once_with_computes_overlapping_upl
     assert got["first"].startswith("backend tinygrad:CL: 300/300 objects in ")
     assert got["last"] == "lost: 0  duplicated: 0  wrong: 0"
     assert got["overlapped"] > 0
+
+
+@pytest.mark.holds("FREE-1", "VIEW-3")
+def test_memory_freed_behind_queued_kernels_is_reused_only_in_queue_order(busy: Busy) -> None:
+    """A free on CL drops the Buffer at once (nothing parked): tinygrad's LRU cache may hand the
+    same cl_mem to the next allocation, whose upload runs behind the kernels queued before the
+    free on the in-order queue, so those kernels still read the old bytes."""
+    bridge, _, real = rig()
+    ring = HostRing(1 << 12)
+    x = bridge.alloc_device(F32, 64)
+    src = ring.reserve(64)
+    ring.view(src)[:] = np.arange(16, dtype=np.float32).tobytes()
+    bridge.host_to_device(src, DeviceRange(x, 0, 64))
+    view = bridge.wrap_for_tinygrad(x, TensorViewSpec((16,), "float32"))
+    busy.queue()
+    doubled = (view * 2).contiguous().realize()  # queued behind the busy work, reads x
+    old_mem = view.uop.base.buffer._buf
+    del view
+    gc.collect()
+    bridge.free_device(x)
+    assert bridge.state(x) == "freed" and real.parked == 0
+    y = bridge.alloc_device(F32, 64)
+    new = ring.reserve(64)
+    ring.view(new)[:] = np.full(16, -1, dtype=np.float32).tobytes()
+    bridge.host_to_device(new, DeviceRange(y, 0, 64), sync=False).wait(timeout=60)
+    reused = bridge._core.allocation(y.id).memory._buf  # type: ignore[union-attr]
+    assert doubled.numpy().tolist() == (np.arange(16, dtype=np.float32) * 2).tolist()
+    assert read(bridge, ring, DeviceRange(y, 0, 64)) == np.full(16, -1, dtype=np.float32).tobytes()
+    assert ctypes_value(reused) == ctypes_value(old_mem), "the LRU cache did not hand the same cl_mem back"
+
+
+def ctypes_value(mem: Any) -> int:
+    import ctypes
+
+    return int(ctypes.cast(mem, ctypes.c_void_p).value or 0)

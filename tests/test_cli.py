@@ -49,6 +49,12 @@ BAD_OPTIONS = [
     (["example", "--objects", "0"], "argument --objects: must be at least 1, got 0"),
     (["example", "--backend", "tinygrad", "--device", "NOPE"], "tinygrad cannot open device 'NOPE'"),
     (["example", "--jit", "--backend", "tinygrad", "--device", "NOPE"], "tinygrad cannot open device 'NOPE'"),
+    # devices that open but cannot run the worker: no copies (NPY), no kernels on a view (NULL, DISK)
+    (["demo", "--device", "NPY"], "device NPY cannot upload: "),
+    (["demo", "--device", "NULL"], "device NULL cannot run a kernel on a view: "),
+    (["demo", "--device", "CPU:0,NULL"], "device NULL cannot run a kernel on a view: "),
+    (["example", "--backend", "tinygrad", "--device", "NULL"], "device NULL cannot run a kernel on a view: "),
+    (["bench", "--device", "NPY", "--quick"], "device NPY cannot upload: "),
 ]
 
 
