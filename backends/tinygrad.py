@@ -285,6 +285,14 @@ class TinygradBackend:
         if got.tolist() != (values + 1).tolist() or bytes(out) != values.tobytes():
             raise BackendError(f"{self.device} computes or copies wrong bytes")
 
+    def unusable(self) -> str | None:
+        """Why the device cannot run the worker (the preflight's failure, one line), or None."""
+        try:
+            self.preflight()
+        except BackendError as e:
+            return f"device {e}: the worker needs copies, views and kernels"
+        return None
+
     @contextlib.contextmanager
     def hold_copies(self) -> Iterator[None]:
         """Until the block exits, the copy thread starts no copy and no asynchronous copy

@@ -108,7 +108,8 @@ class Command:
 
     def __del__(self) -> None:
         if self._event:
-            cl.clReleaseEvent(self._event)
+            with contextlib.suppress(Exception):  # at interpreter exit the bindings may be gone
+                cl.clReleaseEvent(self._event)
 
 
 _ERRORS = {v: k for k in dir(cl) if k.startswith("CL_") and isinstance(v := getattr(cl, k), int) and v < 0}

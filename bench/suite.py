@@ -233,11 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    from devbridge.cli import unusable
     from devbridge.errors import InvalidArgumentError
 
     try:
-        reason = unusable(TinygradBackend(args.device))
+        reason = TinygradBackend(args.device).unusable()
     except InvalidArgumentError as e:
         reason = e.detail
     if reason is not None:

@@ -178,24 +178,11 @@ def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend
     except InvalidArgumentError as e:
         usage_error(args.command, e.detail)
         return None
-    if (reason := unusable(backend)) is not None:
+    unusable = getattr(backend, "unusable", None)  # a tinygrad device: can it run the worker?
+    if unusable is not None and (reason := unusable()) is not None:
         usage_error(args.command, reason)
         return None
     return backend
-
-
-def unusable(backend: Backend) -> str | None:
-    """Why a device that opened cannot run the worker (copies, views, kernels), or None."""
-    from devbridge.backends.base import BackendError
-
-    preflight = getattr(backend, "preflight", None)
-    if preflight is None:
-        return None
-    try:
-        preflight()
-    except BackendError as e:
-        return f"device {e}: the worker needs copies, views and kernels"
-    return None
 
 
 def progress_bar(args: argparse.Namespace) -> bool:

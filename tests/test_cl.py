@@ -165,6 +165,13 @@ def test_a_whole_view_is_the_allocations_memory_and_an_offset_view_is_refused() 
     with pytest.raises(InvalidViewError) as refused:
         bridge.wrap_for_tinygrad(x, TensorViewSpec((4,), "float32", 16))
     assert refused.value.rule == "VIEW-2" and "no sub-buffer views, only offset 0" in str(refused.value)
+    for bad, says in (
+        (TensorViewSpec((4,), "int32"), "view dtype int32 is not x's float32"),
+        (TensorViewSpec((5, 4), "float32"), "view [0, 80) exceeds extent 64"),
+    ):
+        with pytest.raises(InvalidViewError) as refused:
+            bridge.wrap_for_tinygrad(x, bad)
+        assert refused.value.rule == "VIEW-2" and says in str(refused.value)
     assert list(recorder.ops) == before and bridge.state(x) == state  # no backend call, nothing changed
     del whole, head
     gc.collect()
@@ -332,3 +339,33 @@ def ctypes_value(mem: Any) -> int:
     import ctypes
 
     return int(ctypes.cast(mem, ctypes.c_void_p).value or 0)
+
+
+def test_an_opencl_command_is_queried_without_blocking_and_reports_its_completion_once() -> None:
+    import threading
+
+    from devbridge.backends.tinygrad_cl import CLQueue
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = CLQueue("CL"), allocate("CL", 16)
+    host = bytearray(b"sixteen bytes!!!")
+    heard: list[str] = []
+    called = threading.Event()
+
+    def listener() -> None:
+        heard.append(threading.current_thread().name)
+        called.set()
+
+    with queue.held():  # nothing queued after the barrier runs until the block exits
+        command = queue.copy(memoryview(host), buffer._buf, 0, into_device=True, blocking=False)
+        command.on_done(listener)
+        assert command.keep is not None  # the host bytes stay referenced while the write is queued
+        assert not command.done() and not command.wait(0.05) and heard == []
+    assert command.wait(30) and command.done() and command.error is None and command.keep is None
+    assert called.wait(30) and heard == ["devbridge-cl-events"]  # once, on the dispatch thread
+    late = threading.Event()
+    command.on_done(late.set)  # after the callback ran: called at once, on the dispatch thread
+    assert late.wait(30) and heard == ["devbridge-cl-events"]
+    out = bytearray(16)
+    queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
+    assert bytes(out) == b"sixteen bytes!!!"
