@@ -135,15 +135,22 @@ class FakeBackend:
     #: while their bytes move only after the events pending ahead of them.
     reads_sync_late = False
 
-    def __init__(self, capacity: int | None = DEFAULT_CAPACITY, *, run_on_wait: bool = True) -> None:
+    def __init__(
+        self, capacity: int | None = DEFAULT_CAPACITY, *, run_on_wait: bool = True, in_order: bool = False
+    ) -> None:
         """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails.
         `run_on_wait`: `wait` runs the pending work it waits for (False: it blocks until a test,
-        maybe on another thread, completes it, or the timeout passes, like a hung device)."""
+        maybe on another thread, completes it, or the timeout passes, like a hung device).
+        `in_order`: one in-order queue, as a CL or CUDA stream runs it: an event completes only
+        after every event submitted before it (completing one completes those first), and a
+        synchronous copy runs once everything ahead of it has (a compute marker moves to the
+        queue's tail when its `with` block exits)."""
         size = None if capacity is None else as_count(capacity)
         if capacity is not None and (size is None or size <= 0):
             raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
         self.capacity = size
         self.run_on_wait = _bool_arg("run_on_wait", run_on_wait)
+        self.in_order = _bool_arg("in_order", in_order)
         #: While True, an asynchronous copy that is not armed to fail finishes at submission (its
         #: token is done on return), as the tinygrad backend does with a small copy to an idle CPU.
         self.finish_at_once = False
@@ -176,12 +183,17 @@ class FakeBackend:
             return list(self._live)
 
     def complete(self, event: Any) -> None:
-        """Complete one pending event (a FakeEvent, its id, or a Bridge event)."""
-        self._finish(self._resolve(event), None)
+        """Complete one pending event (a FakeEvent, its id, or a Bridge event); in order, the
+        events ahead of it first."""
+        ev = self._resolve(event)
+        self._run_ahead(ev)
+        self._finish(ev, None)
 
     def fail(self, event: Any, message: str = "injected failure") -> None:
-        """Fail one pending event: its data never moves."""
-        self._finish(self._resolve(event), message)
+        """Fail one pending event: its data never moves (in order, the events ahead end first)."""
+        ev = self._resolve(event)
+        self._run_ahead(ev)
+        self._finish(ev, message)
 
     def complete_all(self) -> int:
         """Complete every pending event, oldest first, and those the completions let the Bridge
@@ -297,8 +309,16 @@ class FakeBackend:
             return ev
 
     def extend(self, token: object) -> None:
-        """Nothing to do: a fake compute event completes when a test says so."""
-        self._resolve(token)
+        """A fake compute event completes when a test says so; in order, its marker moves to the
+        queue's tail (it now covers the work its block queued), pending again if the queue had
+        reached it while the block was open."""
+        with self._cond:
+            ev = self._resolve(token)
+            if self.in_order:
+                if ev in self._live:
+                    self._live.remove(ev)
+                ev.status = PENDING
+                self._live.append(ev)
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         from devbridge.backends import tinygrad_compat as tg
@@ -347,6 +367,7 @@ class FakeBackend:
             self._lose_on_fault("wait", ev)
             if not (self.run_on_wait and ev.pending):
                 return self._cond.wait_for(lambda: not ev.pending, timeout)
+        self._run_ahead(ev)
         self._finish(ev, None, settled_ok=True)  # another thread may have completed it meanwhile
         return True
 
@@ -425,8 +446,10 @@ class FakeBackend:
         if sync and self.reads_sync_late:  # reported done now; the bytes move when the queue reaches it
             ev.after = tuple(e.id for e in self.pending() if e is not ev)
             self._late.append(ev)
-        elif ev.apply:
-            ev.apply()
+        else:
+            self._run_ahead(ev, notify=False)  # the caller holds its locks: it finds them done later
+            if ev.apply:
+                ev.apply()
         ev.status = OK
         return ev
 
@@ -455,7 +478,16 @@ class FakeBackend:
             raise KeyError(f"no fake event {token!r}")
         return ev
 
-    def _finish(self, ev: FakeEvent, failure: str | None, settled_ok: bool = False) -> None:
+    def _run_ahead(self, ev: FakeEvent, notify: bool = True) -> None:
+        """In order: end the events submitted before `ev`, oldest first, each as armed."""
+        if not self.in_order:
+            return
+        for earlier in self.pending():
+            if earlier is ev:
+                return
+            self._finish(earlier, None, settled_ok=True, notify=notify)
+
+    def _finish(self, ev: FakeEvent, failure: str | None, settled_ok: bool = False, notify: bool = True) -> None:
         with self._cond:
             if not ev.pending:
                 if settled_ok:
@@ -468,6 +500,6 @@ class FakeBackend:
             ev.status = Status(True, failure)
             self._run_late()
             self._cond.notify_all()
-            listeners = list(self._listeners)
+            listeners = list(self._listeners) if notify else []
         for listener in listeners:  # outside the lock: listeners take the Bridge's lock
             listener(ev)
