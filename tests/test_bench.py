@@ -7,6 +7,7 @@ import json
 import pytest
 
 from devbridge.bench import checker_speed
+from devbridge.bench.revisions import short_rev
 from devbridge.bench.suite import Row
 from devbridge.cli import main
 
@@ -79,3 +80,24 @@ def test_the_checker_benchmark_runs_an_older_checker_beside_this_one(capsys: pyt
     rows = [line.split() for line in lines[2:]]
     assert [r[:3] for r in rows] == [[label, jobs, "373"] for jobs in ("1", "2") for label in ("old", "new")]
     assert [r[-1] for r in rows if r[0] == "old"] == ["1.00", "1.00"]
+
+
+def test_the_queue_latency_benchmark_runs_a_revision_beside_this_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/queue_latency.py on CL with work queued ahead, HEAD beside this tree (a smoke run: it
+    checks rows, never times): every call returns with its event still pending on the busy queue."""
+    from harness import DEVICES
+
+    from devbridge.bench import queue_latency
+
+    if "CL" not in DEVICES:
+        pytest.skip("no OpenCL device")
+    queue_latency.main(["--device", "CL", "--busy", "0.2", "--rounds", "1", "--before", "HEAD", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    steps = [
+        "queue the work", "async host_to_device", "done() while pending", "with compute() block",
+        "free_device (copy in flight)", "restart (copy in flight)", "pending after the calls", "drain the queue",
+        "sync host_to_device (queue ahead)",
+    ]  # fmt: skip
+    assert list(got["median_s"]) == ["now", "before"] and got["before"] == short_rev("HEAD")
+    assert [list(steps_of) for steps_of in got["median_s"].values()] == [steps, steps]
+    assert got["median_s"]["now"]["pending after the calls"] == 3
