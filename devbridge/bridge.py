@@ -303,7 +303,8 @@ class Bridge:
         with self._lock:
             finished = self._drain()
             for event in list(self._pending.values()):
-                if self._ready(event):
+                # one that ended meanwhile (a held use launched by an earlier finish, done at once) is skipped
+                if event.use_id in self._pending and self._ready(event):
                     status = self._query(event.backend_token)
                     if status.done:
                         self._finish(event, status)

@@ -20,12 +20,13 @@ if [ ${#devices[@]} -eq 0 ]; then
 fi
 [ ${#devices[@]} -gt 0 ] || { echo "gpu_check: no GPU device opens here (tried NV, CUDA, AMD)"; exit 2; }
 
+logs=$(mktemp -d "${TMPDIR:-/tmp}/devbridge-gpu-check.XXXXXX")  # each step's whole output
 summary=()
 failed=0
 step() {  # step DEVICE NAME TIMEOUT COMMAND...: run one step, keep its last line for the summary
   local device=$1 name=$2 limit=$3
   shift 3
-  local log="gpu_check.$device.$name.log"
+  local log="$logs/$device.$name.log"
   timeout "$limit" "$@" >"$log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || failed=1
@@ -40,5 +41,5 @@ for d in "${devices[@]}"; do
   step "$d" latency 120 "$py" bench/queue_latency.py --device "$d" --busy 0.5 --rounds 3
   step "$d" bench 180 .venv/bin/devbridge bench --device "$d" --quick
 done
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" "logs: $logs"
 exit $failed

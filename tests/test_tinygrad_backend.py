@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from harness import DEVICES
 from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
@@ -307,3 +308,24 @@ def test_the_idle_probe_reads_what_synchronize_waits_for() -> None:
     tg.synchronize("CPU")
     assert probe() is True
     assert tg.host_address(memoryview(b"read-only")) is None  # no address: the allocator path
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_poll_finishes_a_download_launched_behind_a_compute_once(device: str) -> None:
+    """poll() finishes a compute; that launches the download held behind it (ORDER-1), which an
+    idle device finishes at once: poll must not reach it again in its own list (it raised KeyError
+    there and left the bookkeeping half-updated; the reference worker hit it on CL)."""
+    bridge, ring = Bridge(TinygradBackend(device)), HostRing(64)
+    src, out = ring.reserve(1), ring.reserve(1)
+    ring.view(src)[:] = b"\x01"
+    h = bridge.alloc_device(ObjectSpec("o", "bool", role="data"), 2)
+    bridge.host_to_device(src, DeviceRange(h, 0, 1))
+    comp = bridge.compute(h)  # not waited for
+    down = bridge.device_to_host(DeviceRange(h, 0, 1), out, sync=False)  # held behind the compute
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((1,), "bool", 0))
+    gc.collect()
+    assert bridge.poll() >= 1
+    down.wait(timeout=30)
+    assert comp.done() and comp.error is None and down.error is None
+    assert bytes(ring.view(out)) == b"\x01" and bridge.stats()["pending_events"] == 0
+    del view
