@@ -47,19 +47,23 @@ U8, F32 = ObjectSpec("blob", "uint8"), ObjectSpec("x", "float32")
 
 
 class Busy:
-    """Queues about `seconds` of matmuls on CL without waiting for them (calibrated once)."""
+    """Queues about `seconds` of matmuls on CL without waiting for them (calibrated once). Large
+    matmuls, few of them: queueing one takes tinygrad well under a millisecond of Python while the
+    device needs tens, so the work is still ahead when `queue()` returns, however loaded the
+    machine (the Python that queues is slowed as much as the device is)."""
 
     def __init__(self, seconds: float = 0.5) -> None:
         from tinygrad import Device, Tensor
 
         self.device = Device["CL"]
-        self.a = Tensor.rand(512, 512, device="CL").realize()
-        (self.a @ self.a).realize()  # compiled now, not in a timed call
+        self.a = Tensor.rand(1024, 1024, device="CL").realize()
+        self.count = 1
+        self.queue()  # compiled now, not in a timed call
         self.device.synchronize()
         start = time.perf_counter()
-        (self.a @ self.a).realize()
+        self.queue()
         self.device.synchronize()
-        self.count = max(2, int(seconds / max(time.perf_counter() - start, 1e-4)))
+        self.count = max(2, round(seconds / max(time.perf_counter() - start, 1e-4)))
 
     def queue(self) -> None:
         x = self.a
@@ -297,13 +301,20 @@ def test_the_demo_runs_on_tinygrads_default_device(tmp_path: Path) -> None:
 def test_the_demo_on_cl_delivers_every_object_once_with_computes_overlapping_uploads(
     tmp_path: Path, faulty: bool
 ) -> None:
+    """Every run delivers each object exactly once. Computes overlapping an upload come from real
+    concurrency on the queue, so how many depends on the machine's load (a loaded CI machine
+    once had none in 300 objects: the producer thread, starved, fed one object at a time): at
+    least one of up to three runs must have some."""
     extra = ("--faults", "0.05", "--restart-every", "50") if faulty else ()
-    run = run_demo(tmp_path, "--device", "CL", "--objects", "300", *extra)
-    assert run.returncode == 0, run.stderr
-    got = summary(run.stdout)
-    assert got["first"].startswith("backend tinygrad:CL: 300/300 objects in ")
-    assert got["last"] == "lost: 0  duplicated: 0  wrong: 0"
-    assert got["overlapped"] > 0
+    overlapped = []
+    while len(overlapped) < 3 and not any(overlapped):
+        run = run_demo(tmp_path, "--device", "CL", "--objects", "300", *extra)
+        assert run.returncode == 0, run.stderr
+        got = summary(run.stdout)
+        assert got["first"].startswith("backend tinygrad:CL: 300/300 objects in ")
+        assert got["last"] == "lost: 0  duplicated: 0  wrong: 0"
+        overlapped.append(got["overlapped"])
+    assert any(overlapped), overlapped
 
 
 @pytest.mark.holds("FREE-1", "VIEW-3")
