@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from devbridge.backends.fake import FakeBackend, FakeViolation
+from devbridge.backends.fake import FakeBackend, FakeEvent, FakeViolation
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
 from devbridge.events import ComputeEvent, Event
@@ -65,6 +65,18 @@ class Disagreement(AssertionError):
         assert check in CHECKS or check.partition(":")[0] in ("refused", "error"), check
         super().__init__(f"[{check}] {detail}")
         self.check = check
+
+
+def ran(event: Event) -> bool:
+    """Whether the fake has ended the event's token (it ran, or failed, on the device)."""
+    token = event.backend_token
+    return isinstance(token, FakeEvent) and not token.pending
+
+
+def queue_position(event: Event) -> int:
+    token = event.backend_token
+    assert isinstance(token, FakeEvent)
+    return token.id
 
 
 def agree(ok: bool, check: str, detail: str) -> None:
@@ -139,11 +151,14 @@ class Lockstep:
         record: bool = False,
         edges: Callable[[str, str, str], None] | None = None,
         refusals: Counter[str] | None = None,
+        in_order: bool = False,
     ) -> None:
         """`observer` sees every spec step, `edges` every hazard edge the core finds (earlier
-        kind, later kind, hazard), `refusals` counts the rules of the refusals the model predicts."""
+        kind, later kind, hazard), `refusals` counts the rules of the refusals the model predicts.
+        `in_order`: the fake is one in-order queue (`FakeBackend(in_order=True)`): what it runs
+        ahead of a use a call asked for ends in the model as the Bridge learns of it (`reconcile`)."""
         self.record = record
-        self.fake = FakeBackend()
+        self.fake = FakeBackend(in_order=in_order)
         self.bridge = Bridge(self.fake)
         self.ring = HostRing(ring_capacity)
         self.model = ReferenceModel(ring_capacity)
@@ -161,7 +176,7 @@ class Lockstep:
         self.replaying = False
         self.script = [
             "def test_counterexample():",
-            "    fake = FakeBackend()",
+            f"    fake = FakeBackend({'in_order=True' if in_order else ''})",
             "    bridge = Bridge(fake)",
             f"    ring = HostRing({ring_capacity})",
         ]
@@ -290,10 +305,29 @@ class Lockstep:
 
     def reconcile(self) -> None:
         """Settle the events of uses the model ended on its own: run by a synchronous call's
-        wait (the fake's wait runs the work), or held back past a restart and aborted."""
+        wait (the fake's wait runs the work), or held back past a restart and aborted; on an
+        in-order queue also those the queue ran ahead of another (`ran_ahead`)."""
+        self.ran_ahead()
         for u in sorted(self.pending):
             if u not in self.model.uses:
                 self.settled(u, self.pending.pop(u), self.model.outcomes[u])
+
+    def ran_ahead(self) -> None:
+        """In order: the uses the fake's queue ran ahead of one a call or a test asked for (a
+        synchronous copy runs what is ahead of it; completing or waiting for an event, what is
+        ahead of that) end in the model too, in queue order, as armed; again for uses that
+        launched meanwhile. An open compute's marker is re-queued when its block exits: it stays."""
+        while self.fake.in_order:
+            done = sorted(
+                (queue_position(event), u)
+                for u, event in self.pending.items()
+                if ran(event) and u in self.model.uses and self.model.uses[u].submitted and not self.model.uses[u].open
+            )
+            if not done:
+                return
+            for _, u in done:
+                if u in self.model.uses:
+                    self.model.finish(u)
 
     # ------------------------------------------------------------ calls
 
@@ -601,8 +635,10 @@ class Lockstep:
         on_backend = {u for u in self.pending if self.model.uses[u].submitted}
         for u, event in self.pending.items():
             agree((event.backend_token is not None) == (u in on_backend), "held", f"use #{u} held back: ORDER-1")
-        tokens = {id(self.pending[u].backend_token) for u in on_backend}
-        running = sum(1 for use in self.model.uses.values() if use.submitted and use.kind != "view")
+        # in order, an open compute's marker may have run; its block's exit queues it again
+        ran_open = {u for u in on_backend if self.fake.in_order and self.model.uses[u].open and ran(self.pending[u])}
+        tokens = {id(self.pending[u].backend_token) for u in on_backend - ran_open}
+        running = sum(1 for use in self.model.uses.values() if use.submitted and use.kind != "view") - len(ran_open)
         self.emit(f"assert len(fake.pending()) == {running}")
         running_ok = {id(ev) for ev in self.fake.pending()} == tokens and len(tokens) == running
         agree(running_ok, "submitted", "the fake runs exactly the uses the model submitted")

@@ -530,3 +530,17 @@ class BridgeMachine(RuleBasedStateMachine):
     inv6_exact = checks("inv6_exact", "INV-EXACT")
     inv7_generation = checks("inv7_generation", "INV-GENERATION")
     inv8_quiescent = checks("inv8_quiescent", "INV-QUIESCENT")
+
+
+class InOrderBridgeMachine(BridgeMachine):
+    """The same machine over one in-order queue (`FakeBackend(in_order=True)`, as a CL queue or a
+    CUDA stream): completing or waiting for an event ends what is ahead of it, and a synchronous
+    copy runs after what is ahead; the model learns of what the queue ran ahead as the Bridge does.
+    Its coverage is its own (the any-order run must reach the spec's candidates by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        scratch = Coverage(default_table())
+        self.s = Lockstep(
+            RING, observer=scratch.record, edges=scratch.record_edge, refusals=scratch.refusals, in_order=True
+        )

@@ -6,7 +6,7 @@ import os
 import time
 
 from hypothesis import settings
-from stateful import COVERAGE, BridgeMachine
+from stateful import COVERAGE, BridgeMachine, InOrderBridgeMachine
 
 
 class TestBridgeMachine(BridgeMachine.TestCase):  # type: ignore[misc,valid-type]
@@ -24,3 +24,10 @@ class TestBridgeMachine(BridgeMachine.TestCase):  # type: ignore[misc,valid-type
         assert COVERAGE.missing() == [], "spec candidates the stateful run never exercised"
         assert COVERAGE.missing_edges() == [], "hazard edges (ORDER-1) the stateful run never exercised"
         assert COVERAGE.refusals["ORDER-2"] > 0, "no call was refused for waiting on an open compute event"
+
+
+class TestInOrderBridgeMachine(InOrderBridgeMachine.TestCase):  # type: ignore[misc,valid-type]
+    """The machine on an in-order queue that reads host bytes late, under the active profile with
+    a quarter of its examples (the any-order run above covers the spec; this one, the queue)."""
+
+    settings = settings(max_examples=max(1, settings().max_examples // 4))
