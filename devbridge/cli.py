@@ -71,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="values: the core and the ring as values (fast, wide); lockstep: the whole Bridge beside the "
         "reference model (renders a runnable counterexample test); both (default)",
     )
+    check.add_argument(
+        "--in-order",
+        action="store_true",
+        help="the lockstep checker's device is one in-order queue (completing an event ends what is ahead of it)",
+    )
     check.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     check.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     check.add_argument("--test-out", default=None, help="write the counterexample test to this file")
@@ -257,6 +262,8 @@ def run_check(args: argparse.Namespace) -> int:
     chosen = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
     if args.values_depth is not None:
         chosen["values_depth"] = None if args.values_depth == "all" else args.values_depth
+    if args.in_order:
+        chosen["in_order"] = True
     try:
         bound = replace(PROFILES[args.profile], **chosen)
     except ValueError as e:

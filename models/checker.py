@@ -65,6 +65,9 @@ class Bound:
     ring: int = 16  # host ring bytes: small enough to fill and wrap within the depth, stream offsets count
     #: actions per path in the sans-I/O checker (`models.sansio`; None: every reachable state)
     values_depth: int | None = 6
+    #: the lockstep checker's device is one in-order queue (`FakeBackend(in_order=True)`): completing
+    #: or waiting for an event ends what is ahead of it, a synchronous copy runs after what is ahead
+    in_order: bool = False
 
     def __post_init__(self) -> None:
         if not self.spans or any(o < 0 or n < 1 or o + n > EXTENT for o, n in self.spans):
@@ -313,10 +316,11 @@ def replay(
     edges: Any = None,
     checked: bool = False,
     ring: int = RING,
+    in_order: bool = False,
 ) -> Lockstep:
     """A fresh Lockstep taken along `path`; `checked`: each step was compared when the path was
     first explored, so the replay skips the comparisons (the next step's `check()` sees all)."""
-    s = Lockstep(ring, observer=observer, record=record, edges=edges)
+    s = Lockstep(ring, observer=observer, record=record, edges=edges, in_order=in_order)
     s.replaying = checked
     for action in path:
         apply(s, action)
@@ -340,21 +344,32 @@ def expand(paths: Iterable[tuple[Action, ...]], bound: Bound, known: Callable[[t
     """Take every enabled action from each path's state, check the step and every invariant, and
     keep the new paths whose state `known` does not know. Stops at the first violation."""
     coverage = Coverage(default_table(), "checker")
-    ring = bound.ring
+    ring, in_order = bound.ring, bound.in_order
     out = Expansion(hits=coverage.hits, edges=coverage.edges)
     for path in paths:
         used = faults_in(path)
-        s: Lockstep | None = replay(path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring)
+        s: Lockstep | None = replay(
+            path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring, in_order=in_order
+        )
         assert s is not None
         for action in enabled(s, bound, used):  # the first action takes the state enabled() saw; the rest replay
             out.transitions += 1
             new_path = (*path, action)
             try:
-                s = s or replay(path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring)
+                s = s or replay(
+                    path,
+                    observer=coverage.record,
+                    edges=coverage.record_edge,
+                    checked=True,
+                    ring=ring,
+                    in_order=in_order,
+                )
                 apply(s, action)
                 s.check()
             except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
-                out.violation = Violation(new_path, f"{type(e).__name__}: {e}", render(new_path, ring), kill_of(e))
+                out.violation = Violation(
+                    new_path, f"{type(e).__name__}: {e}", render(new_path, ring, in_order), kill_of(e)
+                )
                 return out
             key = canonical(s, used + faults_of(action), bound.ring_fills)
             s = None
@@ -392,7 +407,7 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
     bound = bound or Bound()
     report = Report(bound, jobs=jobs)
     start = time.perf_counter()
-    seen = {canonical(replay((), ring=bound.ring), 0, bound.ring_fills)}
+    seen = {canonical(replay((), ring=bound.ring, in_order=bound.in_order), 0, bound.ring_fills)}
     frontier: list[tuple[Action, ...]] = [()]
     pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
     try:
@@ -443,9 +458,9 @@ def _expansions(
     yield from pool.imap(_Worker.run, chunks)
 
 
-def render(path: tuple[Action, ...], ring: int = RING) -> str:
+def render(path: tuple[Action, ...], ring: int = RING, in_order: bool = False) -> str:
     """The path as a pytest test of the public API, asserting the model's answer after each step."""
-    s = replay((), record=True, ring=ring)
+    s = replay((), record=True, ring=ring, in_order=in_order)
     try:
         for action in path:
             apply(s, action)

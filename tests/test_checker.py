@@ -202,3 +202,18 @@ def test_an_event_returned_done_while_the_model_has_it_in_flight_is_a_pending_di
     with MUTANTS["compute_done_at_submit"](), pytest.raises(Disagreement) as raised:
         s.compute([s.handles[0]], False)
     assert raised.value.check == "pending" and "returned done, the model says in flight" in str(raised.value)
+
+
+def test_the_lockstep_checker_on_an_in_order_queue() -> None:
+    """`devbridge check --in-order`: the same exploration over one in-order queue (what it runs
+    ahead of a use ends in the model as the Bridge learns of it): no violation within depth 5 of
+    the narrow bound, and the seeded device whose sync copy only enqueues is found, by a check
+    that names it, with a shortest counterexample."""
+    bound = replace(NARROW, depth=5, in_order=True)
+    report = check(bound)
+    assert report.violation is None and report.states > 2000
+    with MUTANTS["sync_copy_done_at_submission"]():
+        found = check(bound).violation
+        assert found is not None and found.kill in KILLS["sync_copy_done_at_submission"]
+        assert check(replace(bound, depth=len(found.path) - 1)).violation is None
+    assert "FakeBackend(in_order=True)" in found.test_source

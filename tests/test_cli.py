@@ -135,3 +135,10 @@ def test_help_texts_carry_no_timings(tmp_path: Path) -> None:
     for command in ("demo", "check", "example"):
         text = devbridge(tmp_path, command, "--help").stdout
         assert " here" not in text and " s)" not in text, text
+
+
+def test_check_runs_the_lockstep_checker_on_an_in_order_queue(tmp_path: Path) -> None:
+    args = ("check", "--profile", "narrow", "--tier", "lockstep", "--depth", "3", "--in-order", "--jobs", "1")
+    run = devbridge(tmp_path, *args, "--no-progress")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("bound: Bound(") and "in_order=True" in run.stdout.splitlines()[0]
