@@ -699,7 +699,7 @@ class Bridge:
         """Log, once each, deferred releases waiting longer than `pending_warning_s` (PIN-1):
         a JIT or a model that captured a view is found in minutes, not by a memory leak."""
         now = time.monotonic()
-        for alloc_id, since in self._waiting.items():
+        for alloc_id, since in list(self._waiting.items()):  # a log handler may call back and release one
             record = self._core.allocation(alloc_id)
             if record is None or alloc_id in self._warned or now - since < self.pending_warning_s:
                 continue

@@ -543,3 +543,64 @@ def test_a_held_copy_the_backend_finishes_at_submission_ends_as_it_is_launched(
     fake.complete(e0)
     assert bridge.state(h) == "idle" and bridge.pins(h)["copies_in"] == 0
     assert e1.done() and e1.error is None and bytes(fake.buffer(0).data[:4]) == b"wxyz"
+
+
+class Unsubscribed(FakeBackend):
+    """A fake that reports no completion by callback: poll() is what finds each one."""
+
+    def subscribe(self, callback: Callable[[object], None]) -> bool:
+        return False
+
+
+def test_poll_finishes_a_download_launched_behind_a_compute_once_on_the_fake() -> None:
+    """poll() finishes a compute; that launches the download held behind it (ORDER-1), which the
+    device finishes at submission: poll's own loop must not finish it again (it raised KeyError)."""
+    fake = Unsubscribed()
+    bridge, ring = Bridge(fake), HostRing(64)
+    src, out = ring.reserve(1), ring.reserve(1)
+    ring.view(src)[:] = b"\x07"
+    h = bridge.alloc_device(ObjectSpec("o", "uint8"), 2)
+    bridge.host_to_device(src, DeviceRange(h, 0, 1))
+    comp = bridge.compute(h)
+    down = bridge.device_to_host(DeviceRange(h, 0, 1), out, sync=False)  # held behind the compute
+    assert [c.op for c in fake.calls] == ["alloc", "copy_in", "compute"]  # not submitted yet
+    fake.complete(comp)  # no callback: the bridge does not know yet
+    fake.finish_at_once = True  # the launched download is done at submission
+    assert bridge.poll() == 1  # the compute; the download ended inside its launch
+    assert comp.done() and down.done() and down.error is None and bytes(ring.view(out)) == b"\x07"
+    assert [c.op for c in fake.calls] == ["alloc", "copy_in", "compute", "copy_out"]
+    assert bridge.stats()["pending_events"] == 0 and bridge.state(h) == "idle"
+
+
+def test_a_log_handler_that_calls_back_and_ends_a_deferred_release_does_not_break_the_warning_loop(
+    fake: FakeBackend, ring: HostRing
+) -> None:
+    """poll() logs a long deferred release (PIN-1); a handler on the `devbridge` logger that calls
+    the bridge back (completing the copy that pins it, then asking for stats) ends that release
+    while the warning loop runs: the loop must go on over what it had (it raised RuntimeError:
+    dictionary changed size during iteration)."""
+    bridge = Bridge(fake, pending_warning_s=0.0)
+    a, b = bridge.alloc_device(U8, 8), bridge.alloc_device(U8, 8)
+    busy = [bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False) for h in (a, b)]
+    bridge.free_device(a)
+    bridge.free_device(b)
+    heard: list[str] = []
+
+    class CallsBack(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            heard.append(record.getMessage().split(" (")[0])
+            if len(heard) == 1:
+                fake.complete(busy[0])  # a's copy ends: its release happens under the warning loop
+                bridge.stats()
+
+    handler = CallsBack()
+    logger = logging.getLogger("devbridge")
+    logger.addHandler(handler)
+    try:
+        bridge.poll()
+    finally:
+        logger.removeHandler(handler)
+    assert heard == ["allocation #0", "allocation #1"]
+    assert bridge.state(a) == "freed" and bridge.state(b) == "free_pending"
+    fake.complete(busy[1])
+    assert bridge.state(b) == "freed"
