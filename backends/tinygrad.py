@@ -322,8 +322,6 @@ class TinygradBackend:
     # ------------------------------------------------------------ mechanics
 
     def _marker(self) -> Probe:
-        if self._queue is not None:
-            return self._enqueue_marker().done
         try:
             return self._markers()
         except Exception as e:

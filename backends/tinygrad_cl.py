@@ -191,10 +191,13 @@ class CLQueue:
         with _watched_lock:
             _watched[key] = command
         code = cl.clSetEventCallback(command._event, cl.CL_COMPLETE, _CALLBACK, ctypes.c_void_p(key))
-        if code != 0:  # no callback: queries still find it done; nothing reports it
+        cl.clFlush(self.queue)  # submitted now, not at the next synchronize
+        if code != 0:  # no callback would end a wait: the command is waited for here, done on return
             with _watched_lock:
                 _watched.pop(key, None)
-        cl.clFlush(self.queue)  # submitted now, not at the next synchronize
+            cl.clWaitForEvents(1, ctypes.byref(command._event))
+            if not command.done():  # finished, yet no status: say so rather than wait on it forever
+                command._record(-1)
 
 
 def _check(code: int, what: str) -> None:

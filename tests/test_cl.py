@@ -380,3 +380,21 @@ def test_an_opencl_command_is_queried_without_blocking_and_reports_its_completio
     out = bytearray(16)
     queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
     assert bytes(out) == b"sixteen bytes!!!"
+
+
+def test_a_command_whose_completion_callback_is_refused_is_waited_for_at_once() -> None:
+    """Without a callback nothing would end a wait: the command is waited for as it is enqueued
+    (a wait then never blocks on a report that cannot come)."""
+    from unittest import mock
+
+    from devbridge.backends import tinygrad_cl
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
+    host = bytearray(b"no event")
+    with mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: -5):
+        command = queue.copy(memoryview(host), buffer._buf, 0, into_device=True, blocking=False)
+    assert command.done() and command.wait(0) and command.error is None and command.keep is None
+    out = bytearray(8)
+    queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
+    assert bytes(out) == b"no event"
