@@ -27,6 +27,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,10 +49,10 @@ class Command:
 
     The host bytes it reads or writes (`keep`) stay referenced until then. Its
     completion is recorded by whichever comes first, a query or OpenCL's
-    callback; `on_done` listeners run once, after the callback, on this
-    module's dispatch thread (never on OpenCL's own, which must not re-enter
-    OpenCL, nor on a querying caller's, which may hold its own locks). The
-    event is released with the command."""
+    callback; then `on_done` listeners run once, on this module's dispatch
+    thread (never on OpenCL's own, which must not re-enter OpenCL, nor on a
+    querying caller's, which may hold its own locks). The event is released
+    with the command."""
 
     __slots__ = ("_event", "_finished", "_lock", "error", "keep", "listeners")
 
@@ -77,8 +78,8 @@ class Command:
         return True
 
     def on_done(self, listener: Callable[[], None]) -> None:
-        """Call `listener` once the completion callback has run; at once on the dispatch thread if
-        it already has."""
+        """Call `listener` once the command is known complete; at once (on the dispatch thread) if
+        it already is."""
         with self._lock:
             if self.listeners is not None:
                 self.listeners.append(listener)
@@ -86,11 +87,20 @@ class Command:
         _dispatch.put(listener)
 
     def wait(self, timeout: float | None) -> bool:
-        """Block until the command is done or `timeout` seconds pass; whether it is done."""
-        return self._finished.wait(timeout) or self.done()
+        """Block until the command is done or `timeout` seconds pass; whether it is done. It blocks
+        on the event the callback sets, asking OpenCL again every `RECHECK_S`: a report that never
+        comes (a driver that drops a callback) costs that long, never a wait forever."""
+        ends = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = RECHECK_S if ends is None else min(RECHECK_S, ends - time.monotonic())
+            if self._finished.wait(max(left, 0.0)) or self.done():
+                return True
+            if ends is not None and time.monotonic() >= ends:
+                return False
 
     def _record(self, status: int) -> None:
-        """Record completion once (a query and the callback may both find it)."""
+        """Record completion once (a query and the callback may both find it); then hand the
+        listeners to the dispatch thread."""
         with self._lock:
             if self._finished.is_set():
                 return
@@ -98,10 +108,6 @@ class Command:
                 self.error = f"OpenCL error {status} ({_ERRORS.get(status, 'unknown')})"
             self.keep = None
             self._finished.set()
-
-    def _called_back(self, status: int) -> None:
-        self._record(status)
-        with self._lock:
             listeners, self.listeners = self.listeners or [], None
         for listener in listeners:
             _dispatch.put(listener)
@@ -112,6 +118,8 @@ class Command:
                 cl.clReleaseEvent(self._event)
 
 
+#: How often a wait asks OpenCL itself, besides the completion callback that normally ends it.
+RECHECK_S = 0.25
 _ERRORS = {v: k for k in dir(cl) if k.startswith("CL_") and isinstance(v := getattr(cl, k), int) and v < 0}
 _watched: dict[int, Command] = {}  # callback id -> command whose completion callback has not run yet
 _ids = itertools.count(1)
@@ -123,7 +131,7 @@ def _on_event(event: Any, status: int, user_data: Any) -> None:
     with _watched_lock:
         command = _watched.pop(int(user_data or 0), None)
     if command is not None:
-        command._called_back(status)
+        command._record(status)
 
 
 def _run_listeners() -> None:

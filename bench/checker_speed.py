@@ -15,16 +15,14 @@ A benchmark, not a test: run it on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devbridge.bench.revisions import OLD, build_old, short_rev
+from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
 from devbridge.models import checker, sansio
 
 
@@ -63,10 +61,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="devbridge_old_") as tmp:
         pkg, _ = build_old(args.old, Path(tmp))
-        sys.path.insert(0, str(pkg))
-        old_sansio = importlib.import_module(f"{OLD}.models.sansio")
-        old_checker = importlib.import_module(f"{OLD}.models.checker")
-        assert old_sansio.__file__ and Path(old_sansio.__file__).is_relative_to(pkg), old_sansio.__file__
+        old = import_revision(pkg, "models.sansio", "models.checker")
+        old_sansio, old_checker = old["models.sansio"], old["models.checker"]
         checks: dict[str, tuple[Callable[..., Any], Any]] = {
             "old": (old_sansio.check, old_checker.PROFILES["default"]),
             "new": (sansio.check, checker.PROFILES["default"]),

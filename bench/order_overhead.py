@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -38,7 +35,7 @@ import devbridge
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.bench.revisions import OLD, build_old, short_rev
+from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
 
 DEVICE = "CPU"
 
@@ -60,15 +57,7 @@ class Version:
 
 
 def import_old(pkg: Path) -> Version:
-    sys.path.insert(0, str(pkg))
-    mods: dict[str, ModuleType] = {
-        m: importlib.import_module(f"{OLD}.{m}")
-        for m in ("bridge", "ring", "types", "backends.tinygrad", "statemachine.core")
-    }
-    for name, mod in sorted(sys.modules.items()):
-        if name == OLD or name.startswith(f"{OLD}."):
-            path = getattr(mod, "__file__", None)
-            assert path is not None and Path(path).is_relative_to(pkg), (name, path)
+    mods = import_revision(pkg, "bridge", "ring", "types", "backends.tinygrad", "statemachine.core")
     old = Version(
         "old",
         mods["bridge"].Bridge,

@@ -7,13 +7,16 @@ lays out `devbridge`, with its imports of itself rewritten, and import both side
 
 from __future__ import annotations
 
+import importlib
 import io
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 OLD = "devbridge_old"
@@ -43,6 +46,28 @@ def build_old(rev: str, root: Path) -> tuple[Path, int]:
         py.write_text(text)
         rewritten += n
     return pkg, rewritten
+
+
+_on_path: set[str] = set()  # the folders import_revision put on sys.path
+
+
+def import_revision(pkg: Path, *modules: str) -> dict[str, ModuleType]:
+    """`modules` (dotted names inside the package) of the revision built at `pkg`, as `devbridge_old.*`.
+
+    A revision imported earlier in the process (another benchmark, another test) is forgotten
+    first: its modules would otherwise answer for this one, from a folder that may be gone."""
+    for name in [n for n in sys.modules if n == OLD or n.startswith(f"{OLD}.")]:
+        del sys.modules[name]
+    sys.path[:] = [p for p in sys.path if p not in _on_path]
+    _on_path.add(str(pkg))
+    sys.path.insert(0, str(pkg))
+    importlib.invalidate_caches()
+    found = {m: importlib.import_module(f"{OLD}.{m}") for m in modules}
+    for name, mod in sorted(sys.modules.items()):
+        if name == OLD or name.startswith(f"{OLD}."):
+            path = getattr(mod, "__file__", None)
+            assert path is not None and Path(path).is_relative_to(pkg), (name, path)
+    return found
 
 
 def short_rev(rev: str) -> str:

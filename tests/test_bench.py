@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from devbridge.bench import checker_speed
-from devbridge.bench.revisions import short_rev
+from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
 from devbridge.bench.suite import Row
 from devbridge.cli import main
 
@@ -80,6 +83,21 @@ def test_the_checker_benchmark_runs_an_older_checker_beside_this_one(capsys: pyt
     rows = [line.split() for line in lines[2:]]
     assert [r[:3] for r in rows] == [[label, jobs, "373"] for jobs in ("1", "2") for label in ("old", "new")]
     assert [r[-1] for r in rows if r[0] == "old"] == ["1.00", "1.00"]
+
+
+def test_a_revision_built_after_another_is_imported_from_its_own_folder(tmp_path: Path) -> None:
+    """Two benchmarks in one process (the checker's, then the queue's) each build a revision: the
+    second's modules come from its own folder, not from the first's, which is gone by then."""
+    first, _ = build_old("HEAD", tmp_path / "first")
+    assert import_revision(first, "types")["types"].__file__.startswith(str(first))
+    shutil.rmtree(tmp_path / "first")
+    second, _ = build_old("HEAD", tmp_path / "second")
+    got = import_revision(second, "types", "backends.tinygrad")
+    assert {name: m.__file__.startswith(str(second)) for name, m in got.items()} == {
+        "types": True,
+        "backends.tinygrad": True,
+    }
+    assert str(first) not in sys.path and sys.modules[f"{OLD}.types"] is got["types"]
 
 
 def test_the_queue_latency_benchmark_runs_a_revision_beside_this_one(capsys: pytest.CaptureFixture[str]) -> None:

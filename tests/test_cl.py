@@ -398,3 +398,26 @@ def test_a_command_whose_completion_callback_is_refused_is_waited_for_at_once() 
     out = bytearray(8)
     queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
     assert bytes(out) == b"no event"
+
+
+def test_a_completion_callback_that_never_comes_costs_a_recheck_not_a_wait_forever() -> None:
+    """A driver that accepts a callback and never calls it: a wait still ends once the command is
+    done (OpenCL is asked again every RECHECK_S), and the listeners run once, as they would have."""
+    import threading
+    from unittest import mock
+
+    from devbridge.backends import tinygrad_cl
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
+    heard = threading.Event()
+    with mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: 0):  # accepted, never called
+        with queue.held():
+            command = queue.copy(memoryview(bytearray(b"dropped!")), buffer._buf, 0, into_device=True, blocking=False)
+            command.on_done(heard.set)
+            assert not command.wait(0.01) and not heard.is_set()
+        assert command.wait(None) and command.error is None and command.keep is None
+    assert heard.wait(30)
+    out = bytearray(8)
+    queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
+    assert bytes(out) == b"dropped!"
