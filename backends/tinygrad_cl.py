@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -113,7 +114,7 @@ class Command:
             _dispatch.put(listener)
 
     def __del__(self) -> None:
-        if self._event:
+        if self._event and not _forked:  # a forked child must not release its parent's OpenCL objects
             with contextlib.suppress(Exception):  # at interpreter exit the bindings may be gone
                 cl.clReleaseEvent(self._event)
 
@@ -143,6 +144,15 @@ def _run_listeners() -> None:
             log.exception("devbridge: a completion listener failed")
 
 
+_forked = False  # True in a process forked from the one that made the commands
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 threading.Thread(target=_run_listeners, name="devbridge-cl-events", daemon=True).start()
 _CALLBACK = _Callback(_on_event)  # one C callback for the process: kept alive here
 

@@ -29,7 +29,6 @@ faults and restarts is explored; beyond it nothing is claimed.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from devbridge.models.coverage import Coverage
+from devbridge.models.explorer import fork_pool
 from devbridge.models.lockstep import DERIVE, Lockstep, kill_of
 from devbridge.models.reference import Reject
 from devbridge.statemachine import default_table
@@ -409,7 +409,7 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
     start = time.perf_counter()
     seen = {canonical(replay((), ring=bound.ring, in_order=bound.in_order), 0, bound.ring_fills)}
     frontier: list[tuple[Action, ...]] = [()]
-    pool = multiprocessing.get_context("fork").Pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
+    pool = fork_pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
     try:
         for depth in range(bound.depth):
             next_frontier: list[tuple[Action, ...]] = []

@@ -34,7 +34,6 @@ cover those (`tests/test_sansio.py` shows which seeded bugs each finds).
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable
@@ -46,6 +45,7 @@ from typing import Any, ClassVar, NamedTuple
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
 from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
+from devbridge.models.explorer import fork_pool
 from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
@@ -812,7 +812,7 @@ def _expansions(
         return
     _Level.bound, _Level.step, _Level.states, _Level.frontier, _Level.known = bound, step, states, frontier, seen
     size = max(1, min(256, len(frontier) // (jobs * 8)))
-    pool = multiprocessing.get_context("fork").Pool(jobs)
+    pool = fork_pool(jobs)
     try:
         yield from pool.imap(_Level.run, [(i, i + size) for i in range(0, len(frontier), size)])
     finally:

@@ -421,3 +421,29 @@ def test_a_completion_callback_that_never_comes_costs_a_recheck_not_a_wait_forev
     out = bytearray(8)
     queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
     assert bytes(out) == b"dropped!"
+
+
+def test_a_forked_child_never_releases_its_parents_opencl_events() -> None:
+    """OpenCL is not fork-safe: a command a forked child drops is left to the parent's OpenCL."""
+    import multiprocessing
+    from unittest import mock
+
+    from devbridge.backends import tinygrad_cl
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
+    command = queue.copy(memoryview(bytearray(8)), buffer._buf, 0, into_device=True, blocking=True)
+    released: list[object] = []
+    with mock.patch.object(tinygrad_cl.cl, "clReleaseEvent", released.append):
+        reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
+        pid = os.fork()
+        if pid == 0:  # the child: drop the command, report what it released
+            try:
+                command.__del__()
+                writer.send(len(released))
+            finally:
+                os._exit(0)
+        assert reader.poll(60) and reader.recv() == 0
+        os.waitpid(pid, 0)
+        command.__del__()  # here, in the process that made it: released
+    assert len(released) == 1
