@@ -11,10 +11,14 @@ mutant that survives them gets a second chance against the stateful tests (their
 Hypothesis profile), which cover everything but take seconds each.
 
 Survivors are listed in the report; one that no test can kill (it changes nothing observable)
-belongs in scripts/equivalent-mutants.toml with a one-line reason. The score of a file is
-killed / (mutants - equivalent).
+belongs in scripts/equivalent-mutants.toml with the source line it mutates and a one-line
+reason. A listed mutant is run like every other: it counts as equivalent only while it survives
+and its line is still the one the reason was written for. One that a test kills, one whose line
+changed, and an entry that matches no mutant fail the run (exit 1), so the list cannot go on
+excusing what the tests can now tell apart. The score of a file is (killed + timeout) /
+(mutants - equivalent); timeouts are counted apart from kills in the report.
 
-    scripts/mutate                       # all six files, 2 jobs; report in mutation-report.md
+    scripts/mutate                       # all eight files, 2 jobs; report in mutation-report.md
     scripts/mutate --files devbridge/ring.py --jobs 1
     scripts/mutate --resume              # go on with a stopped run (its log: mutation-report.jsonl)
     scripts/mutate --again               # rerun what the last run did not kill (after new tests)
@@ -49,6 +53,8 @@ FILES = (
     "devbridge/ring.py",
     "devbridge/events.py",
     "backends/fake.py",
+    "backends/tinygrad.py",
+    "backends/tinygrad_compat.py",
 )
 EQUIVALENT = ROOT / "scripts" / "equivalent-mutants.toml"
 #: Too slow to run for every mutant: they only see the survivors of the rest.
@@ -343,10 +349,43 @@ def _node_id(context: str, base: Path) -> str:
     return context
 
 
+@dataclass(frozen=True)
+class Equivalent:
+    """An entry of scripts/equivalent-mutants.toml."""
+
+    key: str
+    line: str  # the mutated source line, stripped, as it was when the reason was written
+    reason: str
+
+
+def load_equivalents(path: Path) -> dict[str, Equivalent]:
+    entries = tomllib.loads(path.read_text()).get("mutant", []) if path.exists() else []
+    return {e["key"]: Equivalent(e["key"], e.get("line", ""), e["reason"]) for e in entries}
+
+
+def source_line(m: Mutant) -> str:
+    return (ROOT / m.file).read_text().splitlines()[m.line - 1].strip()
+
+
+def judge(listed: Equivalent | None, m: Mutant, outcome: str, by: str) -> tuple[str, str]:
+    """A run's outcome, given the mutant's entry in the equivalent list (if any)."""
+    if listed is None:
+        return outcome, by
+    if listed.line != source_line(m):
+        return "stale-equivalent", f"its line is now {source_line(m)!r}; the reason was written for {listed.line!r}"
+    if outcome in ("killed", "timeout"):
+        return "killed-equivalent", f"{outcome} by {by}: listed as equivalent ({listed.reason})"
+    return "equivalent", listed.reason
+
+
+#: Outcomes that fail the run: the equivalent list claims what the tests or the code disprove.
+WRONG_LIST = ("killed-equivalent", "stale-equivalent")
+
+
 @dataclass
 class Result:
     mutant: Mutant
-    outcome: str  # killed, timeout, survived, uncovered, equivalent
+    outcome: str  # killed, timeout, survived, uncovered, error, equivalent, killed-equivalent, stale-equivalent
     by: str = ""  # the first failing test, or why
     seconds: float = 0.0
 
@@ -397,8 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
         print(f"{len(mutants)} mutants")
         return 0
-    equivalent = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
-    reasons: dict[str, str] = {e["key"]: e["reason"] for e in equivalent.get("mutant", [])}
+    listed = load_equivalents(EQUIVALENT)
 
     work = Path(tempfile.mkdtemp(prefix="devbridge-mutate-"))
     started = time.monotonic()
@@ -423,8 +461,6 @@ def main(argv: list[str] | None = None) -> int:
             copy = free.pop()
         try:
             t0 = time.monotonic()
-            if m.key in reasons:
-                return Result(m, "equivalent", reasons[m.key])
             outcome, by = "uncovered", "no test runs this line"
             for slow in (False, True):
                 tests = tests_for(m, slow)
@@ -434,10 +470,11 @@ def main(argv: list[str] | None = None) -> int:
                 outcome, by = run_one(m, copy, tests, budget)
                 if outcome != "survived":
                     break
+            outcome, by = judge(listed.get(m.key), m, outcome, by)
             result = Result(m, outcome, by, time.monotonic() - t0)
             with lock, log.open("a") as out:
                 out.write(_row(result) + "\n")
-            if outcome not in ("killed", "timeout"):
+            if outcome not in ("killed", "timeout", "equivalent"):
                 print(f"  {outcome}: {m.file}:{m.line} {m.original!r} -> {m.mutated!r}  key: {m.key}", flush=True)
             return result
         finally:
@@ -450,12 +487,16 @@ def main(argv: list[str] | None = None) -> int:
     finished: list[Mutant] = []
     with ThreadPoolExecutor(args.jobs) as pool:
         results = kept + list(pool.map(job, mutants))
-    stale = sorted(set(reasons) - {m.key for m in mutants})
+    stale = sorted(set(listed) - {r.mutant.key for r in results})
     report = render(results, stale, time.monotonic() - started)
     args.report.write_text(report)
 
     print(report)
     shutil.rmtree(work, ignore_errors=True)
+    wrong = [r for r in results if r.outcome in WRONG_LIST]
+    if wrong or (stale and args.files == list(FILES)):
+        print(f"the equivalent list is wrong: {len(wrong)} entries disproved, {len(stale)} match no mutant")
+        return 1
     return 0
 
 
@@ -470,17 +511,19 @@ def scores(results: list[Result]) -> Iterator[tuple[str, Counter[str], float]]:
     for file in FILES:
         if file in by_file:
             c = by_file[file]
-            killed = c["killed"] + c["timeout"]
+            killed = c["killed"] + c["timeout"] + c["killed-equivalent"]
             live = sum(c.values()) - c["equivalent"]
             yield file, c, 100.0 * killed / live if live else 100.0
 
 
 def render(results: list[Result], stale: list[str], seconds: float) -> str:
     out = ["# Mutation run", "", f"{len(results)} mutants, {seconds / 60:.0f} min.", ""]
-    out += ["| file | mutants | killed | timeout | survived | uncovered | equivalent | error | score |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    out += ["| file | mutants | killed | timeout | survived | uncovered | equivalent | disproved | error | score |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for file, c, score in scores(results):
-        cells = [sum(c.values()), c["killed"], c["timeout"], c["survived"], c["uncovered"], c["equivalent"], c["error"]]
+        disproved = sum(c[o] for o in WRONG_LIST)
+        cells = [sum(c.values()), c["killed"], c["timeout"], c["survived"], c["uncovered"], c["equivalent"], disproved]
+        cells.append(c["error"])
         out.append(f"| `{file}` | " + " | ".join(map(str, cells)) + f" | {score:.1f}% |")
     out += ["", "## Not killed", ""]
     for r in results:
@@ -488,6 +531,11 @@ def render(results: list[Result], stale: list[str], seconds: float) -> str:
             m = r.mutant
             out.append(f"- `{m.file}:{m.line}` {r.outcome}: `{m.original}` -> `{m.mutated}` in `{m.function}`"
                        f"{f' ({r.by})' if r.by and r.outcome != 'uncovered' else ''}  \n  key: `{m.key}`")  # fmt: skip
+    disproved = [r for r in results if r.outcome in WRONG_LIST]
+    if disproved:
+        out += ["", "## Listed as equivalent, disproved (kill-tested or changed: mend the list)", ""]
+        for r in disproved:
+            out.append(f"- `{r.mutant.file}:{r.mutant.line}` {r.outcome}: {r.by}  \n  key: `{r.mutant.key}`")
     if stale:
         out += ["", "## Equivalent-list entries that match no mutant (remove them)", ""]
         out += [f"- `{k}`" for k in stale]

@@ -177,6 +177,21 @@ def test_an_instant_copy_steps_through_begin_and_end_in_one() -> None:
     core.end(comp.id, ok=True)
 
 
+def test_an_observer_sees_each_handles_step_once_per_use() -> None:
+    """A coverage tool counts what the observer sees: a use of one handle is looked up once (its
+    own step checks before it changes anything); a use of several is checked whole first (all or
+    nothing), then each steps."""
+    core = LifecycleCore()
+    a, b = core.add(8, spec=None, memory="a"), core.add(8, spec=None, memory="b")
+    seen: list[tuple[str, str]] = []
+    core.observer = lambda state, event, step: seen.append((state, event))
+    core.begin("copy_in", [(a.id, 0)])
+    assert seen == [("allocated", "copy_begin")]
+    seen.clear()
+    core.begin("compute", [(a.id, 0), (b.id, 0)])
+    assert seen == [("copying", "compute_begin"), ("allocated", "compute_begin")] * 2
+
+
 @pytest.mark.holds("ORDER-1")
 @pytest.mark.parametrize(("first", "second"), [((4, 8), (0, 4)), ((0, 4), (4, 8))])
 def test_adjacent_device_spans_do_not_conflict(first: tuple[int, int], second: tuple[int, int]) -> None:

@@ -355,3 +355,39 @@ def test_a_device_whose_sync_copy_only_enqueues_is_caught_by_the_late_read_check
     with pytest.raises(FakeViolation) as caught:
         seeded_device_run(reads_sync_late=True)
     assert caught.value.kind == "late-read"
+
+
+class CompletesOnExit:
+    """The fake's condition, completing `token` (once armed) as the outermost block that holds it
+    exits: another thread completing the event in the instant between wait's check and its own
+    run of the work, made deterministic."""
+
+    def __init__(self, fake: FakeBackend) -> None:
+        self.inner, self.fake, self.depth = fake._cond, fake, 0
+        self.token: object = None
+
+    def __enter__(self) -> bool:
+        self.depth += 1
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        self.inner.__exit__(*exc)
+        if self.depth == 0 and self.token is not None:
+            token, self.token = self.token, None
+            self.fake.complete(token)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_wait_that_loses_the_race_to_another_completion_returns_done() -> None:
+    fake = FakeBackend()
+    buf = fake.alloc(4, "uint8")
+    token = fake.copy_in(buf, 0, memoryview(b"race"), sync=False)
+    racing = CompletesOnExit(fake)
+    fake._cond = racing  # type: ignore[assignment]
+    racing.token = token
+    assert fake.wait(token, None) is True
+    assert racing.token is None and fake.query(token).done and fake.query(token).error is None
+    assert fake.violations == [] and fake.buffer(buf).data.tobytes() == b"race"  # type: ignore[arg-type]

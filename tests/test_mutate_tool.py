@@ -85,3 +85,32 @@ def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: Module
     root = SCRIPT.parent.parent
     counts = {f: len(mutate.mutants_of(f, (root / f).read_text())) for f in mutate.FILES}
     assert all(n >= 30 for n in counts.values()), counts
+
+
+def test_every_listed_equivalent_is_a_mutant_of_today_on_the_line_its_reason_was_written_for(
+    mutate: ModuleType,
+) -> None:
+    """The equivalent list checked without a mutation run: an entry whose mutant is gone, or whose
+    line changed since its reason was written, is an excuse for code it never read."""
+    root = SCRIPT.parent.parent
+    mutants = {m.key: m for f in mutate.FILES for m in mutate.mutants_of(f, (root / f).read_text())}
+    listed = mutate.load_equivalents(mutate.EQUIVALENT)
+    assert listed and sorted(set(listed) - set(mutants)) == []
+    assert {k: e.line for k, e in listed.items() if e.line != mutate.source_line(mutants[k])} == {}
+
+
+def test_a_listed_mutant_counts_as_equivalent_only_while_it_survives_on_its_line(mutate: ModuleType) -> None:
+    root = SCRIPT.parent.parent
+    m = next(m for m in mutate.mutants_of("devbridge/events.py", (root / "devbridge/events.py").read_text()))
+    here = mutate.source_line(m)
+    entry = mutate.Equivalent(m.key, here, "nothing observes it")
+    assert mutate.judge(None, m, "survived", "") == ("survived", "")
+    assert mutate.judge(entry, m, "survived", "") == ("equivalent", "nothing observes it")
+    assert mutate.judge(entry, m, "uncovered", "no test runs this line") == ("equivalent", "nothing observes it")
+    killed = mutate.judge(entry, m, "killed", "tests/test_wait.py::test_x")
+    assert killed[0] == "killed-equivalent" and "tests/test_wait.py::test_x" in killed[1]
+    assert mutate.judge(entry, m, "timeout", "no result in 60 s")[0] == "killed-equivalent"
+    moved = mutate.Equivalent(m.key, here + "  # changed", "nothing observes it")
+    assert mutate.judge(moved, m, "survived", "")[0] == "stale-equivalent"
+    assert mutate.judge(moved, m, "killed", "t")[0] == "stale-equivalent"
+    assert {"killed-equivalent", "stale-equivalent"} == set(mutate.WRONG_LIST)
