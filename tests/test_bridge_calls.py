@@ -18,7 +18,7 @@ from rules import deferred, refused
 from support import put
 
 import devbridge.bridge as bridge_module
-from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
+from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, StaleHandleError, TensorViewSpec
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import DEFAULT_CAPACITY, Call, FakeBackend
 from devbridge.types import MAX_EXTENT
@@ -604,3 +604,53 @@ def test_a_log_handler_that_calls_back_and_ends_a_deferred_release_does_not_brea
     assert bridge.state(a) == "freed" and bridge.state(b) == "free_pending"
     fake.complete(busy[1])
     assert bridge.state(b) == "freed"
+
+
+class CompletesOnFree(FakeBackend):
+    """A device that, as it frees one buffer, finishes another pending copy and reports it at once
+    (on the freeing thread, inside the Bridge's own call)."""
+
+    finish_on_free: object = None
+
+    def free(self, buffer: object) -> None:
+        super().free(buffer)
+        if (token := self.finish_on_free) is not None:
+            self.finish_on_free = None
+            self.complete(token)
+
+
+def test_a_completion_reported_inside_restarts_release_loop_frees_each_buffer_once() -> None:
+    """restart() releases the idle allocation; that free reports the end of the copy on the busy
+    one, which ends its use and releases it from inside the loop. Both are freed exactly once."""
+    fake = CompletesOnFree()
+    bridge, ring = Bridge(fake), HostRing(64)
+    idle, busy = bridge.alloc_device(U8, 4), bridge.alloc_device(U8, 4)
+    src = put(ring, b"busy")
+    ev = bridge.host_to_device(src, DeviceRange(busy, 0, 4), sync=False)
+    fake.finish_on_free = ev
+    bridge.restart()
+    assert fake.finish_on_free is None and ev.done() and isinstance(ev.error, StaleHandleError)
+    assert [c.op for c in fake.calls] == ["alloc", "alloc", "copy_in", "free", "free"]
+    assert [c.buffer for c in fake.calls if c.op == "free"] == [0, 1]
+    assert (bridge.state(idle), bridge.state(busy)) == ("stale", "stale") and bridge.poll() == 0
+    assert not ring.released(src)  # an aborted input is never released by the bridge
+
+
+def test_wait_any_over_events_that_the_first_ones_end_returns_the_first_done_in_order(ring: HostRing) -> None:
+    """wait_any asks the first download, held behind the compute: that finishes the compute (no
+    callback told the bridge), which launches both downloads, which the device ends at submission.
+    wait_any's list of events is its own, so those ends change nothing it iterates."""
+    fake = Unsubscribed()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 4)
+    bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4))
+    comp = bridge.compute(h)
+    outs = [ring.reserve(2), ring.reserve(2)]
+    downs = [bridge.device_to_host(DeviceRange(h, 2 * i, 2), outs[i], sync=False) for i in range(2)]
+    fake.complete(comp)
+    fake.finish_at_once = True
+    assert bridge.stats()["pending_events"] == 3  # the bridge has not heard of the compute's end
+    assert bridge.wait_any([downs[1], downs[0], comp], timeout=5) is downs[1]
+    assert all(e.done() and e.error is None for e in [comp, *downs])
+    assert [bytes(ring.view(o)) for o in outs] == [b"ab", b"cd"]
+    assert [c.op for c in fake.calls].count("copy_out") == 2 and bridge.stats()["pending_events"] == 0
