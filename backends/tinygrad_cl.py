@@ -73,9 +73,9 @@ class Command:
         code = cl.clGetEventInfo(
             self._event, cl.CL_EVENT_COMMAND_EXECUTION_STATUS, ctypes.sizeof(status), ctypes.byref(status), None
         )
-        if code != 0 or status.value > cl.CL_COMPLETE:
-            return False  # running, queued, or cannot tell: pending (the callback settles it)
-        self._record(status.value)
+        if code == 0 and status.value > cl.CL_COMPLETE:
+            return False  # running or queued
+        self._record(status.value if code == 0 else code)  # a query OpenCL refuses settles it as failed
         return True
 
     def on_done(self, listener: Callable[[], None]) -> None:

@@ -447,3 +447,19 @@ def test_a_forked_child_never_releases_its_parents_opencl_events() -> None:
         os.waitpid(pid, 0)
         command.__del__()  # here, in the process that made it: released
     assert len(released) == 1
+
+
+def test_a_query_opencl_refuses_settles_the_command_as_failed() -> None:
+    """A status OpenCL will not give (and no callback) must not leave a wait asking forever."""
+    from unittest import mock
+
+    from devbridge.backends import tinygrad_cl
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
+    never_called = mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: 0)
+    with never_called, queue.held():
+        command = queue.copy(memoryview(bytearray(8)), buffer._buf, 0, into_device=True, blocking=False)
+        with mock.patch.object(tinygrad_cl.cl, "clGetEventInfo", lambda *args: -58):  # CL_INVALID_EVENT
+            assert command.wait(None) and command.done()
+    assert command.error == "OpenCL error -58 (CL_INVALID_EVENT)" and command.keep is None
