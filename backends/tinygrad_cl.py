@@ -11,9 +11,15 @@ with a `cl_event`:
 * a marker (`clEnqueueMarkerWithWaitList`) that completes when every command
   queued before it has.
 
-A command's status is a non-blocking `clGetEventInfo`; its completion is
-reported by `clSetEventCallback` on OpenCL's own thread, which sets a
-`threading.Event`, so a wait blocks on that (with a timeout), never spins.
+A command's status is a non-blocking `clGetEventInfo`. Its completion is
+found by one watcher thread per queue, which blocks in `clWaitForEvents` on
+each command in the order they were enqueued (the order an in-order queue
+finishes them) and sets a `threading.Event`, so a wait blocks on that (with a
+timeout), never spins. No completion callback (`clSetEventCallback`) is
+registered: pocl runs those on its own thread and releases the event there,
+which races with the owner's release (a use-after-free in pocl's event
+code); the watcher is our own thread, and a command is released only after
+it is done with it.
 A synchronous write or read is OpenCL's blocking one: it returns when the
 host bytes may be reused (write) or hold the data (read), having waited for
 that command only (on an in-order queue, also for what was queued before it).
@@ -23,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import itertools
 import logging
 import os
 import queue
@@ -35,10 +40,8 @@ from typing import Any
 import numpy as np
 from tinygrad.device import Device
 from tinygrad.runtime.autogen import opencl as cl
-from tinygrad.runtime.support import c
 
 log = logging.getLogger("devbridge")
-_Callback = c.CFUNCTYPE[None, [cl.cl_event, cl.cl_int, ctypes.c_void_p]]
 
 
 class CLCommandError(Exception):
@@ -49,10 +52,10 @@ class Command:
     """One command on the queue: pending until its `cl_event` completes (or fails).
 
     The host bytes it reads or writes (`keep`) stay referenced until then. Its
-    completion is recorded by whichever comes first, a query or OpenCL's
-    callback; then `on_done` listeners run once, on this module's dispatch
-    thread (never on OpenCL's own, which must not re-enter OpenCL, nor on a
-    querying caller's, which may hold its own locks). The event is released
+    completion is recorded by whichever comes first, a query or the queue's
+    watcher; then `on_done` listeners run once, on this module's dispatch
+    thread (never on the watcher, which must go on to the next command, nor on
+    a querying caller's, which may hold its own locks). The event is released
     with the command."""
 
     __slots__ = ("_event", "_finished", "_lock", "error", "keep", "listeners")
@@ -89,8 +92,8 @@ class Command:
 
     def wait(self, timeout: float | None) -> bool:
         """Block until the command is done or `timeout` seconds pass; whether it is done. It blocks
-        on the event the callback sets, asking OpenCL again every `RECHECK_S`: a report that never
-        comes (a driver that drops a callback) costs that long, never a wait forever."""
+        on the event the watcher sets, asking OpenCL again every `RECHECK_S`: a report that never
+        comes (a driver whose wait ends early or never) costs that long, never a wait forever."""
         ends = None if timeout is None else time.monotonic() + timeout
         while True:
             left = RECHECK_S if ends is None else min(RECHECK_S, ends - time.monotonic())
@@ -100,7 +103,7 @@ class Command:
                 return False
 
     def _record(self, status: int) -> None:
-        """Record completion once (a query and the callback may both find it); then hand the
+        """Record completion once (a query and the watcher may both find it); then hand the
         listeners to the dispatch thread."""
         with self._lock:
             if self._finished.is_set():
@@ -119,20 +122,10 @@ class Command:
                 cl.clReleaseEvent(self._event)
 
 
-#: How often a wait asks OpenCL itself, besides the completion callback that normally ends it.
+#: How often a wait asks OpenCL itself, besides the watcher that normally ends it.
 RECHECK_S = 0.25
 _ERRORS = {v: k for k in dir(cl) if k.startswith("CL_") and isinstance(v := getattr(cl, k), int) and v < 0}
-_watched: dict[int, Command] = {}  # callback id -> command whose completion callback has not run yet
-_ids = itertools.count(1)
-_watched_lock = threading.Lock()
 _dispatch: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-
-
-def _on_event(event: Any, status: int, user_data: Any) -> None:
-    with _watched_lock:
-        command = _watched.pop(int(user_data or 0), None)
-    if command is not None:
-        command._record(status)
 
 
 def _run_listeners() -> None:
@@ -144,6 +137,25 @@ def _run_listeners() -> None:
             log.exception("devbridge: a completion listener failed")
 
 
+class _Watcher:
+    """One queue's completions, found on a thread of ours: it blocks in `clWaitForEvents` on each
+    command in the order they were enqueued, then records the command's status."""
+
+    def __init__(self, name: str) -> None:
+        self.pending: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=f"devbridge-cl-watch-{name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            command = self.pending.get()
+            cl.clWaitForEvents(1, ctypes.byref(command._event))  # blocks in OpenCL, without the GIL
+            if not command.done():  # the driver's wait ended early: ask it until the command is done
+                command.wait(None)
+            del command  # released here, once waited for, if nothing else holds it
+
+
+_watchers: dict[int, _Watcher] = {}  # the queue's address -> its watcher
+_watchers_lock = threading.Lock()
 _forked = False  # True in a process forked from the one that made the commands
 
 
@@ -154,7 +166,6 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 threading.Thread(target=_run_listeners, name="devbridge-cl-events", daemon=True).start()
-_CALLBACK = _Callback(_on_event)  # one C callback for the process: kept alive here
 
 
 class CLQueue:
@@ -165,6 +176,9 @@ class CLQueue:
         self.device = device
         self.queue = dev.queue
         self.context = dev.context
+        key = int(ctypes.cast(self.queue, ctypes.c_void_p).value or 0)
+        with _watchers_lock:
+            self._watcher = _watchers.get(key) or _watchers.setdefault(key, _Watcher(device))
 
     def copy(self, host: memoryview, mem: Any, offset: int, *, into_device: bool, blocking: bool) -> Command:
         """Host bytes `host` -> `len(host)` bytes of `mem` at `offset` (`into_device`), or those
@@ -205,17 +219,8 @@ class CLQueue:
         if code != 0:
             command._event = None
             _check(code, "enqueue")
-        key = next(_ids)
-        with _watched_lock:
-            _watched[key] = command
-        code = cl.clSetEventCallback(command._event, cl.CL_COMPLETE, _CALLBACK, ctypes.c_void_p(key))
         cl.clFlush(self.queue)  # submitted now, not at the next synchronize
-        if code != 0:  # no callback would end a wait: the command is waited for here, done on return
-            with _watched_lock:
-                _watched.pop(key, None)
-            cl.clWaitForEvents(1, ctypes.byref(command._event))
-            if not command.done():  # finished, yet no status: say so rather than wait on it forever
-                command._record(-1)
+        self._watcher.pending.put(command)
 
 
 def _check(code: int, what: str) -> None:

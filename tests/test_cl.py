@@ -382,27 +382,10 @@ def test_an_opencl_command_is_queried_without_blocking_and_reports_its_completio
     assert bytes(out) == b"sixteen bytes!!!"
 
 
-def test_a_command_whose_completion_callback_is_refused_is_waited_for_at_once() -> None:
-    """Without a callback nothing would end a wait: the command is waited for as it is enqueued
-    (a wait then never blocks on a report that cannot come)."""
-    from unittest import mock
-
-    from devbridge.backends import tinygrad_cl
-    from devbridge.backends.tinygrad_compat import allocate
-
-    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
-    host = bytearray(b"no event")
-    with mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: -5):
-        command = queue.copy(memoryview(host), buffer._buf, 0, into_device=True, blocking=False)
-    assert command.done() and command.wait(0) and command.error is None and command.keep is None
-    out = bytearray(8)
-    queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
-    assert bytes(out) == b"no event"
-
-
-def test_a_completion_callback_that_never_comes_costs_a_recheck_not_a_wait_forever() -> None:
-    """A driver that accepts a callback and never calls it: a wait still ends once the command is
-    done (OpenCL is asked again every RECHECK_S), and the listeners run once, as they would have."""
+def test_a_driver_wait_that_ends_early_costs_a_recheck_not_a_wait_forever() -> None:
+    """A driver whose `clWaitForEvents` returns before the command is done: the watcher, and a
+    wait, still end once it is (OpenCL is asked again every RECHECK_S), and the listeners run once,
+    as they would have."""
     import threading
     from unittest import mock
 
@@ -410,17 +393,47 @@ def test_a_completion_callback_that_never_comes_costs_a_recheck_not_a_wait_forev
     from devbridge.backends.tinygrad_compat import allocate
 
     queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
-    heard = threading.Event()
-    with mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: 0):  # accepted, never called
+    heard: list[int] = []
+    called = threading.Event()
+    with mock.patch.object(tinygrad_cl.cl, "clWaitForEvents", lambda *args: -5):  # returns at once
         with queue.held():
             command = queue.copy(memoryview(bytearray(b"dropped!")), buffer._buf, 0, into_device=True, blocking=False)
-            command.on_done(heard.set)
-            assert not command.wait(0.01) and not heard.is_set()
+            command.on_done(lambda: (heard.append(1), called.set()))
+            assert not command.wait(0.3) and not called.is_set()  # the watcher asked and was told: pending
         assert command.wait(None) and command.error is None and command.keep is None
-    assert heard.wait(30)
+        assert called.wait(30)
+    time.sleep(2 * tinygrad_cl.RECHECK_S)  # a second report would come by now
+    assert heard == [1]
     out = bytearray(8)
     queue.copy(memoryview(out), buffer._buf, 0, into_device=False, blocking=True)
     assert bytes(out) == b"dropped!"
+
+
+def test_no_completion_callback_is_registered_with_opencl() -> None:
+    """pocl runs completion callbacks on its own thread and releases the event there, racing the
+    owner's release: completion is found by our watcher instead, and the event is released once."""
+    from unittest import mock
+
+    from devbridge.backends import tinygrad_cl
+    from devbridge.backends.tinygrad_compat import allocate
+
+    queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
+    callbacks = mock.MagicMock(return_value=0)
+    released: list[object] = []
+    real_release = tinygrad_cl.cl.clReleaseEvent
+    with mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", callbacks):
+        command = queue.copy(memoryview(bytearray(8)), buffer._buf, 0, into_device=True, blocking=False)
+        marker = queue.marker()
+        assert command.wait(30) and marker.wait(30)
+    assert callbacks.call_count == 0
+    ours = [ctypes_value(command._event), ctypes_value(marker._event)]
+    with mock.patch.object(tinygrad_cl.cl, "clReleaseEvent", lambda ev: (released.append(ev), real_release(ev))[1]):
+        del command, marker
+        gc.collect()
+        deadline = time.monotonic() + 30
+        while not set(ours) <= {ctypes_value(ev) for ev in released} and time.monotonic() < deadline:
+            time.sleep(0.01)  # the watcher may hold the last reference a moment longer
+    assert sorted(ctypes_value(ev) for ev in released if ctypes_value(ev) in ours) == sorted(ours)  # once each
 
 
 def test_a_forked_child_never_releases_its_parents_opencl_events() -> None:
@@ -450,15 +463,14 @@ def test_a_forked_child_never_releases_its_parents_opencl_events() -> None:
 
 
 def test_a_query_opencl_refuses_settles_the_command_as_failed() -> None:
-    """A status OpenCL will not give (and no callback) must not leave a wait asking forever."""
+    """A status OpenCL will not give must not leave a wait asking forever."""
     from unittest import mock
 
     from devbridge.backends import tinygrad_cl
     from devbridge.backends.tinygrad_compat import allocate
 
     queue, buffer = tinygrad_cl.CLQueue("CL"), allocate("CL", 8)
-    never_called = mock.patch.object(tinygrad_cl.cl, "clSetEventCallback", lambda *args: 0)
-    with never_called, queue.held():
+    with queue.held():
         command = queue.copy(memoryview(bytearray(8)), buffer._buf, 0, into_device=True, blocking=False)
         with mock.patch.object(tinygrad_cl.cl, "clGetEventInfo", lambda *args: -58):  # CL_INVALID_EVENT
             assert command.wait(None) and command.done()
