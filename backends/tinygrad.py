@@ -235,7 +235,7 @@ class TinygradBackend:
 
     def wait(self, token: object, timeout: float | None) -> bool:
         assert isinstance(token, TinygradToken)
-        if token.command is not None:  # blocks on the event its OpenCL callback sets
+        if token.command is not None:  # blocks on the event the queue's watcher sets
             token.command.wait(timeout)
             return token.status().done
         if token.future is not None:
