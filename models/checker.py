@@ -29,14 +29,12 @@ faults and restarts is explored; beyond it nothing is claimed.
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from devbridge.models.coverage import Coverage
-from devbridge.models.explorer import fork_pool
+from devbridge.models.explorer import Expansion, explore
 from devbridge.models.lockstep import DERIVE, Lockstep, kill_of
 from devbridge.models.reference import Reject
 from devbridge.statemachine import default_table
@@ -328,25 +326,14 @@ def replay(
     return s
 
 
-@dataclass
-class Expansion:
-    """What expanding some states found: every transition taken, the new paths with their
-    canonical states, coverage, and the first violation (by the paths' order) if any."""
-
-    transitions: int = 0
-    found: list[tuple[tuple[Action, ...], tuple[Any, ...]]] = field(default_factory=list)
-    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    violation: Violation | None = None
-
-
-def expand(paths: Iterable[tuple[Action, ...]], bound: Bound, known: Callable[[tuple[Any, ...]], bool]) -> Expansion:
+def expand(batch: Iterable[tuple[int, tuple[Action, ...]]], bound: Bound, known: set[tuple[Any, ...]]) -> Expansion:
     """Take every enabled action from each path's state, check the step and every invariant, and
-    keep the new paths whose state `known` does not know. Stops at the first violation."""
+    report the new paths whose canonical state `known` lacks (adding it). Stops at the first
+    violation."""
     coverage = Coverage(default_table(), "checker")
     ring, in_order = bound.ring, bound.in_order
     out = Expansion(hits=coverage.hits, edges=coverage.edges)
-    for path in paths:
+    for index, path in batch:
         used = faults_in(path)
         s: Lockstep | None = replay(
             path, observer=coverage.record, edges=coverage.record_edge, checked=True, ring=ring, in_order=in_order
@@ -354,7 +341,6 @@ def expand(paths: Iterable[tuple[Action, ...]], bound: Bound, known: Callable[[t
         assert s is not None
         for action in enabled(s, bound, used):  # the first action takes the state enabled() saw; the rest replay
             out.transitions += 1
-            new_path = (*path, action)
             try:
                 s = s or replay(
                     path,
@@ -367,36 +353,27 @@ def expand(paths: Iterable[tuple[Action, ...]], bound: Bound, known: Callable[[t
                 apply(s, action)
                 s.check()
             except Exception as e:  # any failure is a violation: a wrong answer, a FakeViolation, a crash
-                out.violation = Violation(
-                    new_path, f"{type(e).__name__}: {e}", render(new_path, ring, in_order), kill_of(e)
-                )
+                out.violation = (index, action, f"{type(e).__name__}: {e}", kill_of(e))
                 return out
             key = canonical(s, used + faults_of(action), bound.ring_fills)
             s = None
-            if not known(key):
-                out.found.append((new_path, key))
+            size = len(known)
+            known.add(key)
+            if len(known) > size:
+                out.found.append((key, (*path, action), index, action))
     return out
 
 
-class _Worker:
-    """A forked worker's side: it expands chunks of one level at a time and leaves out states
-    the coordinator already had before that level (so the results do not depend on which
-    worker took which chunk)."""
+@dataclass
+class _Search:
+    """Paths of actions, replayed on a fresh Bridge and model; a path's key is its canonical state."""
 
-    bound: ClassVar[Bound]
-    reported: ClassVar[dict[tuple[Any, ...], int]]  # state -> the level it was first reported at
+    bound: Bound
+    batch: int = 64
+    collects: bool = True  # a replayed Bridge is garbage with cycles
 
-    @classmethod
-    def start(cls, bound: Bound) -> None:
-        cls.bound, cls.reported = bound, {}
-
-    @classmethod
-    def run(cls, job: tuple[int, list[tuple[Action, ...]]]) -> Expansion:
-        level, paths = job
-        out = expand(paths, cls.bound, lambda key: cls.reported.get(key, level) < level)
-        for _, key in out.found:
-            cls.reported.setdefault(key, level)
-        return out
+    def expand(self, batch: list[tuple[int, Any]], known: set[Any]) -> Expansion:
+        return expand(batch, self.bound, known)
 
 
 def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] | None = None, jobs: int = 1) -> Report:
@@ -405,57 +382,16 @@ def check(bound: Bound | None = None, progress: Callable[[int, int, int], None] 
     breadth-first order whatever `jobs` is. `progress(states, transitions, depth)` is called as
     states are expanded."""
     bound = bound or Bound()
-    report = Report(bound, jobs=jobs)
-    start = time.perf_counter()
-    seen = {canonical(replay((), ring=bound.ring, in_order=bound.in_order), 0, bound.ring_fills)}
-    frontier: list[tuple[Action, ...]] = [()]
-    pool = fork_pool(jobs, _Worker.start, (bound,)) if jobs > 1 else None
-    try:
-        for depth in range(bound.depth):
-            next_frontier: list[tuple[Action, ...]] = []
-            for out in _expansions(frontier, bound, seen, pool, depth, jobs):
-                report.transitions += out.transitions
-                report.coverage.merge(out.hits, out.edges)
-                for new_path, key in out.found:
-                    if key not in seen:
-                        seen.add(key)
-                        next_frontier.append(new_path)
-                if out.violation is not None:
-                    report.violation = out.violation
-                    report.depth = depth + 1
-                    break
-                if progress is not None:
-                    progress(len(seen), report.transitions, depth + 1)
-            if report.violation is not None or not next_frontier:
-                break
-            report.depth = depth + 1
-            frontier = next_frontier
-    finally:
-        if pool is not None:
-            pool.terminate()
-    report.states = len(seen)
-    report.coverage.steps = report.transitions
-    report.seconds = time.perf_counter() - start
-    report.coverage.seconds = report.seconds
+    root = canonical(replay((), ring=bound.ring, in_order=bound.in_order), 0, bound.ring_fills)
+    out = explore(_Search(bound), (), root, depth=bound.depth, jobs=jobs, progress=progress)
+    report = Report(bound, jobs=jobs, states=out.states, transitions=out.transitions, depth=out.depth)
+    report.seconds = out.seconds
+    report.coverage.merge(out.hits, out.edges)
+    report.coverage.steps, report.coverage.seconds = report.transitions, report.seconds
+    if out.violation is not None:
+        path, error, kill = out.violation
+        report.violation = Violation(tuple(path), error, render(tuple(path), bound.ring, bound.in_order), kill)
     return report
-
-
-def _expansions(
-    frontier: list[tuple[Action, ...]],
-    bound: Bound,
-    seen: set[tuple[Any, ...]],
-    pool: Any,
-    level: int,
-    jobs: int,
-) -> Iterator[Expansion]:
-    """The frontier's expansions in its order: in this process, or in chunks over the pool."""
-    if pool is None:
-        for path in frontier:
-            yield expand([path], bound, seen.__contains__)
-        return
-    size = max(1, min(64, len(frontier) // (jobs * 8)))
-    chunks = [(level, frontier[i : i + size]) for i in range(0, len(frontier), size)]
-    yield from pool.imap(_Worker.run, chunks)
 
 
 def render(path: tuple[Action, ...], ring: int = RING, in_order: bool = False) -> str:

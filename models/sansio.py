@@ -33,19 +33,15 @@ cover those (`tests/test_sansio.py` shows which seeded bugs each finds).
 
 from __future__ import annotations
 
-import gc
-import time
-from collections import Counter
-from collections.abc import Callable, Generator, Iterable
-from contextlib import closing
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import cache
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
 from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
-from devbridge.models.explorer import fork_pool
+from devbridge.models.explorer import Expansion, explore
 from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
@@ -74,7 +70,6 @@ COPIES = ("copy_in", "copy_out")
 SUBMITTED_MODES = ("sync", "async"), ("lost", "async_fails")
 HELD_MODES = ("sync", "async"), ("sync_fails",)
 DEAD = 0  # an allocation id no record ever has: a freed (or stale) handle's key
-FORK_AT = 16  # frontier states per process below which a level is expanded here, unforked
 
 SPEC = load_spec()
 #: The spec's data, read here and not through the core: what the checks compare against.
@@ -667,15 +662,6 @@ class Report(Figures):
         )
 
 
-@dataclass
-class Expansion:
-    transitions: int = 0
-    hits: dict[tuple[str, str, int], int] = field(default_factory=dict)  # spec steps the core took
-    edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # ordering edges it found
-    found: list[tuple[State, int, Action]] = field(default_factory=list)  # state, parent index, action
-    violation: tuple[int, Action, str, str] | None = None  # parent index, action, error, kill
-
-
 def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: set[State]) -> Expansion:
     """Every enabled action from each state, checked; the successors not in `known` (which it
     extends). A state's own invariants are checked once, when it is first reached: everything
@@ -704,27 +690,21 @@ def expand(step: Step, batch: Iterable[tuple[int, State]], bound: Bound, known: 
             except Exception as e:  # any failure is a violation; the kill says which check caught it
                 out.violation = (index, action, f"{type(e).__name__}: {e}", kill_of(e))
                 return out
-            out.found.append((new, index, action))
+            out.found.append((new, new, index, action))
     return out
 
 
-class _Level:
-    """What the workers forked for one level inherit (fork: copied on write, never sent): every
-    state so far, the level's frontier (indices into them), and the set of those seen. A worker
-    expands chunks of the frontier, given as index ranges, and returns only states that no
-    earlier level reached: nothing crosses a pipe but the new states."""
+@dataclass
+class _Search:
+    """The states as values: a state is its own key."""
 
-    bound: ClassVar[Bound]
-    step: ClassVar[Step]
-    states: ClassVar[list[State]]
-    frontier: ClassVar[list[int]]
-    known: ClassVar[set[State]]  # the states seen before the fork, then those this worker found
+    bound: Bound
+    step: Step
+    batch: int = 256
+    collects: bool = False  # nothing here makes a reference cycle
 
-    @classmethod
-    def run(cls, chunk: tuple[int, int]) -> Expansion:
-        states = cls.states
-        batch = [(i, states[i]) for i in cls.frontier[chunk[0] : chunk[1]]]
-        return expand(cls.step, batch, cls.bound, cls.known)
+    def expand(self, batch: list[tuple[int, Any]], known: set[Any]) -> Expansion:
+        return expand(self.step, batch, self.bound, known)
 
 
 def initial(bound: Bound) -> State:
@@ -741,83 +721,16 @@ def check(
     uses in flight, spans and ring; `depth` limits the actions per path, None: none). Stops at
     the first violation, a shortest one. Every state reached is checked; each is kept once."""
     bound = bound or Bound()
-    report = Report(bound, jobs=jobs)
-    start = time.perf_counter()
-    states: list[State] = [initial(bound)]
-    parents: list[tuple[int, Action | None]] = [(-1, None)]
-    # every state reached: expanded here, `expand` adds each as it finds it (so all it finds are
-    # new); by forked workers, each adds to its own copy, and here the repeats are dropped
-    seen: set[State] = {states[0]}
-    frontier = [0]
-    step = Step(bound.ring)
-    collecting = gc.isenabled()
-    gc.disable()  # nothing here makes a reference cycle; a collection would walk every state kept, again and again
-    try:
-        level = 0
-        while frontier and (depth is None or level < depth):
-            next_frontier: list[int] = []
-            forked = jobs > 1 and len(frontier) >= FORK_AT * jobs
-            # closed at the level's end (even at a violation): its forked workers end with it
-            with closing(_expansions(step, bound, states, frontier, seen, jobs if forked else 1)) as expansions:
-                for out in expansions:
-                    report.transitions += out.transitions
-                    report.coverage.merge(out.hits, out.edges)
-                    for new, parent, action in out.found:
-                        if forked:  # a worker knows what it found, not what the others did
-                            size = len(seen)
-                            seen.add(new)
-                            if len(seen) == size:
-                                continue
-                        next_frontier.append(len(states))
-                        states.append(new)
-                        parents.append((parent, action))
-                    if out.violation is not None:
-                        parent, action, error, kill = out.violation
-                        report.violation = Violation((*_path(parents, parent), action), error, kill)
-                        break
-                    if progress is not None:
-                        progress(len(states), report.transitions, level + 1)
-            level += 1
-            report.depth = level if next_frontier or report.violation else level - 1
-            if report.violation is not None:
-                break
-            frontier = next_frontier
-        report.exhaustive = report.violation is None and not frontier
-    finally:
-        if collecting:
-            gc.enable()
-    report.states = len(states)
-    report.seconds = time.perf_counter() - start
+    root = initial(bound)
+    out = explore(_Search(bound, Step(bound.ring)), root, root, depth=depth, jobs=jobs, progress=progress)
+    report = Report(bound, jobs=jobs, states=out.states, transitions=out.transitions, depth=out.depth)
+    report.seconds, report.exhaustive = out.seconds, out.exhaustive
+    report.coverage.merge(out.hits, out.edges)
     report.coverage.steps, report.coverage.seconds = report.transitions, report.seconds
+    if out.violation is not None:
+        path, error, kill = out.violation
+        report.violation = Violation(tuple(path), error, kill)
     return report
-
-
-def _path(parents: list[tuple[int, Action | None]], index: int) -> list[Action]:
-    path: list[Action] = []
-    while index > 0:
-        index, action = parents[index]
-        assert action is not None
-        path.append(action)
-    return path[::-1]
-
-
-def _expansions(
-    step: Step, bound: Bound, states: list[State], frontier: list[int], seen: set[State], jobs: int
-) -> Generator[Expansion, None, None]:
-    """The level's expansions, in frontier order (so the first violation is the one a single
-    process finds). With `jobs`, by processes forked for this level, which inherit the states."""
-    if jobs == 1:
-        for i in range(0, len(frontier), 256):
-            yield expand(step, [(k, states[k]) for k in frontier[i : i + 256]], bound, seen)
-        return
-    _Level.bound, _Level.step, _Level.states, _Level.frontier, _Level.known = bound, step, states, frontier, seen
-    size = max(1, min(256, len(frontier) // (jobs * 8)))
-    pool = fork_pool(jobs)
-    try:
-        yield from pool.imap(_Level.run, [(i, i + size) for i in range(0, len(frontier), size)])
-    finally:
-        pool.terminate()
-        _Level.states, _Level.frontier, _Level.known = [], [], set()  # not kept after the search
 
 
 def describe(path: Iterable[Action]) -> str:

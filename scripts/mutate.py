@@ -2,7 +2,8 @@
 
 A mutant is one source edit (an operator, a constant, a deleted call or raise, a return value)
 made by splicing the file's text at an AST node, so every other byte and line stays put. It is
-killed when a test that covers its line fails (or hangs); it survives when they all pass.
+killed when a test that covers its line fails (or hangs, or is no longer collected: a mutant that
+changes which devices open drops their parametrized tests); it survives when they all pass.
 
 Each mutant runs in a copy of the checkout (one per job), imported through PYTHONPATH, so the
 checkout itself is never touched. Which tests run: the ones coverage.py saw executing the
@@ -401,6 +402,14 @@ def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[st
         return "timeout", f"no result in {timeout:.0f} s"
     finally:
         target.write_text(original)
+    return verdict(run)
+
+
+_GONE = ("ERROR: not found: ", "found no collectors for ")  # what pytest says of a test id it cannot collect
+
+
+def verdict(run: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    """A mutant's outcome from its pytest run, and by what."""
     if run.returncode == 0:
         return "survived", ""
     if run.returncode in (1, 2):  # a test failed, or collecting one did (the mutant broke an import)
@@ -408,6 +417,10 @@ def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[st
         return "killed", failed[0] if failed else "a failure"
     if run.returncode < 0 or "Fatal Python error" in run.stderr:  # the mutant crashed the test process
         return "killed", f"crashed ({run.stderr.splitlines()[0] if run.stderr else run.returncode})"
+    lines = (run.stdout + run.stderr).splitlines()
+    gone = [ln.split(says, 1)[1].strip() for ln in lines for says in _GONE if says in ln]
+    if run.returncode == 4 and gone:  # a test covering the line no longer exists: its parameters changed
+        return "killed", f"tests gone ({gone[0]})"
     return "error", f"pytest exit {run.returncode}: {(run.stdout + run.stderr)[-300:]}"
 
 

@@ -114,3 +114,25 @@ def test_a_listed_mutant_counts_as_equivalent_only_while_it_survives_on_its_line
     assert mutate.judge(moved, m, "survived", "")[0] == "stale-equivalent"
     assert mutate.judge(moved, m, "killed", "t")[0] == "stale-equivalent"
     assert {"killed-equivalent", "stale-equivalent"} == set(mutate.WRONG_LIST)
+
+
+def test_a_mutants_outcome_is_read_from_its_pytest_run(mutate: ModuleType) -> None:
+    import subprocess
+
+    def run(code: int, out: str = "", err: str = "") -> tuple[str, str]:
+        return mutate.verdict(subprocess.CompletedProcess([], code, out, err))  # type: ignore[no-any-return]
+
+    assert run(0) == ("survived", "")
+    failed = "FAILED tests/test_ring.py::test_wraps - AssertionError\n"
+    assert run(1, failed) == ("killed", "tests/test_ring.py::test_wraps")
+    assert run(-11, err="Fatal Python error: Segmentation fault\n") == (
+        "killed",
+        "crashed (Fatal Python error: Segmentation fault)",
+    )
+    gone = "ERROR: not found: /w/tests/test_cl.py::test_x[CL]\n(no match in any of [<Module test_cl.py>])\n"
+    assert run(4, out=gone) == ("killed", "tests gone (/w/tests/test_cl.py::test_x[CL])")
+    older = "ERROR: found no collectors for /w/tests/test_cl.py::test_x[CL]\n"
+    assert run(4, err=older) == ("killed", "tests gone (/w/tests/test_cl.py::test_x[CL])")
+    outcome, why = run(4, err="ERROR: usage: pytest [options]\n")  # any other usage error is the tool's own
+    assert outcome == "error" and why.startswith("pytest exit 4: ")
+    assert run(3)[0] == "error"
