@@ -172,8 +172,7 @@ class TinygradBackend:
             return _DONE_IN
         memory = None if sync else tg.host_bytes(buf)
         if memory is not None:
-            dst = memory[offset : offset + len(src)]
-            return self._on_copy_thread("copy_in", lambda: self._move(dst, src))
+            return self._on_copy_thread("copy_in", lambda: self._move(memory, offset, src, into_device=True))
         try:
             tg.copy_in(buf, offset, src)
         except Exception as e:
@@ -192,8 +191,7 @@ class TinygradBackend:
             return _DONE_OUT
         memory = None if sync else tg.host_bytes(buf)
         if memory is not None:
-            src = memory[offset : offset + len(dst)]
-            return self._on_copy_thread("copy_out", lambda: self._move(dst, src))
+            return self._on_copy_thread("copy_out", lambda: self._move(memory, offset, dst, into_device=False))
         try:
             tg.copy_out(dst, buf, offset)  # blocking on every device: it synchronizes first
         except Exception as e:
@@ -299,14 +297,11 @@ class TinygradBackend:
         reports completion (tests and diagnostics: it makes release points observable). On CL the
         device itself runs nothing queued meanwhile: a synchronous copy there would wait forever."""
         self._gate.clear()
-        try:
-            if self._queue is not None:
-                with self._queue.held():
-                    yield
-            else:
+        with self._queue.held() if self._queue is not None else contextlib.nullcontext():
+            try:
                 yield
-        finally:
-            self._gate.set()
+            finally:
+                self._gate.set()  # before the device runs what was held: it reports done once it is
 
     def synchronize(self) -> None:
         """Wait for every copy and all device work; drop parked buffers."""
@@ -361,9 +356,15 @@ class TinygradBackend:
         assert isinstance(buffer, tg.Buffer), buffer
         return buffer
 
-    def _move(self, dst: memoryview, src: memoryview) -> None:
+    def _move(self, memory: memoryview, offset: int, host: memoryview, *, into_device: bool) -> None:
+        """A copy on the copy thread: `len(host)` bytes between the device memory at `offset` and
+        `host`, by memmove (which releases the GIL)."""
         self._gate.wait()
-        ctypes.memmove(_address(dst), _address(src), len(src))  # releases the GIL
+        device = _address(memory) + offset
+        if into_device:
+            ctypes.memmove(device, _address(host), len(host))
+        else:
+            ctypes.memmove(_address(host), device, len(host))
 
     def _on_copy_thread(self, op: str, work: Callable[[], None]) -> TinygradToken:
         with self._lock:
@@ -382,10 +383,9 @@ class TinygradBackend:
         allocator's synchronize would return at once); False to go through the allocator or the
         copy thread. Copies in flight on the copy thread touch other bytes: the Bridge orders
         conflicting ones (ORDER-1)."""
-        if self._idle is None or not self._idle() or not tg.move_now(buf, offset, host, into_device=into_device):
-            return False
-        self.direct_copies += 1
-        return True
+        moved = self._idle is not None and self._idle() and tg.move_now(buf, offset, host, into_device=into_device)
+        self.direct_copies += moved
+        return moved
 
     def _notify(self, token: TinygradToken) -> None:
         with self._lock:

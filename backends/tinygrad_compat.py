@@ -108,14 +108,12 @@ def allocate(device: str, nbytes: int) -> Buffer:
 
 
 def _raw_range(buffer: Buffer, offset: int, nbytes: int) -> Any:
-    """The allocator's handle on `nbytes` bytes at `offset`: the buffer itself when whole,
-    the allocator's cheap `_offset` where it has one, else a tinygrad sub-buffer view."""
+    """The allocator's handle on `nbytes` bytes at `offset`: the buffer itself when whole, else
+    the allocator's `_offset` (a tinygrad sub-buffer needs it too: a device without one copies
+    whole buffers only, and NotImplementedError says so)."""
     if offset == 0 and nbytes == buffer.nbytes:
         return buffer._buf
-    try:
-        return buffer.allocator._offset(buffer._buf, nbytes, offset)
-    except NotImplementedError:
-        return buffer.view(nbytes, dtypes.uint8, offset).ensure_allocated()._buf
+    return buffer.allocator._offset(buffer._buf, nbytes, offset)
 
 
 def copy_in(buffer: Buffer, offset: int, src: memoryview) -> None:
@@ -189,7 +187,7 @@ def host_bytes(buffer: Buffer) -> memoryview | None:
         return None
     view = allocator._as_buffer(buffer._buf)
     assert isinstance(view, memoryview)
-    return view.cast("B") if view.format != "B" else view
+    return view.cast("B")
 
 
 #: Byte alignment of a view's offset that tinygrad's kernels run on. Measured on CPU (clang):

@@ -49,7 +49,7 @@ from devbridge.errors import (
     WaitTimeoutError,
     short,
 )
-from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline
+from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
 from devbridge.ring import HostRange
 from devbridge.statemachine.core import Allocation, Effects, InFlight, LifecycleCore
 from devbridge.types import (
@@ -77,6 +77,9 @@ def _flag(name: str, value: object) -> None:
         raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
 
 
+_COUNTS = {"copy_in": ("copies_in", "bytes_in"), "copy_out": ("copies_out", "bytes_out")}  # per kind of copy
+
+
 class Bridge:
     """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
     between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
@@ -97,8 +100,6 @@ class Bridge:
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
         self._link = Link(self._refresh, self._wait_backend, self._closed)  # what its events may ask of it
-        self._pending: dict[int, Event] = {}  # use id -> event not done (held back or on the backend)
-        self._by_token: dict[int, Event] = {}  # id(backend token) -> the submitted ones among them
         self._launchable: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
         self._launching = False
         self._progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
@@ -107,8 +108,6 @@ class Bridge:
         self._completed: deque[object] = deque()  # tokens the backend finished (appended on any thread)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
-        self._waiting: dict[int, float] = {}  # free_pending/stale_pending allocation id -> since when
-        self._warned: set[int] = set()  # of those, the ones already logged
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
@@ -150,10 +149,9 @@ class Bridge:
         with self._lock:
             self._drain()
             key, _ = self._resolve(handle)
-            record = self._core.free(*key)
+            record = self._core.free(*key, time.monotonic())
             if record is None:
                 self._counts["deferred_frees"] += 1
-                self._waiting[key[0]] = time.monotonic()
             elif failure := self._release(record):
                 raise DeviceFreeError("FREE-3", failure)
 
@@ -166,66 +164,75 @@ class Bridge:
         itself (a worker that must survive restarts keeps its inputs until delivered)."""
         _flag("sync", sync)
         _flag("release", release)
-        while True:
-            with self._lock:
-                self._drain()
-                key, record = self._check_copy(src, dst, "H2D-1")
-                src.ring.check_source(src)
-                span = (dst.offset, dst.offset + dst.nbytes)
-                before = self._core.conflicts("copy_in", [key], span) if record.accesses else []
-                if not before or not sync:
-                    token = None  # held back behind `before` (ORDER-1)
-                    if not before:
-                        try:
-                            token = self._backend.copy_in(record.memory, dst.offset, src.ring.raw(src), sync=sync)
-                        except BackendError as e:
-                            self._counts["copy_failures"] += 1
-                            raise self._core.failure("copy_in", f"host_to_device {src} -> {dst}: {e}") from e
-                    self._counts["copies_in"] += 1
-                    self._counts["bytes_in"] += src.nbytes
-                    if (status := self._first_status(token, sync)) is OK:
-                        # done already: one composite step, nothing in flight (H2D-2)
-                        use_id = self._core.instant("copy_in", key)
-                        src.ring.read_done(src, release)
-                        return self._done(CopyEvent(self._link, use_id, token, src, dst))
-                    use = self._core.begin("copy_in", [key], host=src, keep_host=not release, span=span, before=before)
-                    src.ring.begin_read(src)
-                    return self._submitted(CopyEvent(self._link, use.id, token, src, dst), status)
-                blocker = self._blocker(before)
-            self._wait_for(blocker)
+        return self._copy("copy_in", src, dst, src, dst, sync, not release)
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst`. The host bytes are valid on return (sync) or
         when the event completes (async); a failed output range is never readable."""
         _flag("sync", sync)
+        return self._copy("copy_out", dst, src, src, dst, sync, False)
+
+    def _copy(
+        self,
+        kind: str,
+        host: HostRange,
+        device: DeviceRange,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+        sync: bool,
+        keep_host: bool,
+    ) -> CopyEvent:
+        """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): submitted
+        now, held back behind the earlier uses it must follow (async, ORDER-1), or submitted once
+        they ended (sync)."""
+        into_device = kind == "copy_in"
         while True:
             with self._lock:
                 self._drain()
-                key, record = self._check_copy(dst, src, "D2H-1")
-                dst.ring.check_dest(dst)
-                span = (src.offset, src.offset + src.nbytes)
-                before = self._core.conflicts("copy_out", [key], span) if record.accesses else []
+                key, record = self._check_copy(host, device, "H2D-1" if into_device else "D2H-1")
+                if into_device:
+                    host.ring.check_source(host)
+                else:
+                    host.ring.check_dest(host)
+                span = (device.offset, device.offset + device.nbytes)
+                before = self._core.conflicts(kind, [key], span) if record.accesses else []
                 if not before or not sync:
                     token = None  # held back behind `before` (ORDER-1)
                     if not before:
                         try:
-                            token = self._backend.copy_out(dst.ring.raw(dst), record.memory, src.offset, sync=sync)
+                            token = self._submit(kind, record.memory, device.offset, host, sync)
                         except BackendError as e:
                             self._counts["copy_failures"] += 1
-                            dst.ring.begin_write(dst)
-                            dst.ring.end_write(dst, valid=False)
-                            raise self._core.failure("copy_out", f"device_to_host {src} -> {dst}: {e}") from e
-                    self._counts["copies_out"] += 1
-                    self._counts["bytes_out"] += dst.nbytes
-                    if (status := self._first_status(token, sync)) is OK:  # done already: output valid (D2H-2)
-                        use_id = self._core.instant("copy_out", key)
-                        dst.ring.write_done(dst)
+                            if not into_device:  # a failed output range is never readable
+                                host.ring.begin_write(host)
+                                host.ring.end_write(host, valid=False)
+                            call = "host_to_device" if into_device else "device_to_host"
+                            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
+                    copies, nbytes = _COUNTS[kind]
+                    self._counts[copies] += 1
+                    self._counts[nbytes] += host.nbytes
+                    if (status := self._first_status(token, sync)) is OK:
+                        # done already: one composite step, nothing in flight (H2D-2, D2H-2)
+                        use_id = self._core.instant(kind, key)
+                        if into_device:
+                            host.ring.read_done(host, not keep_host)
+                        else:
+                            host.ring.write_done(host)
                         return self._done(CopyEvent(self._link, use_id, token, src, dst))
-                    use = self._core.begin("copy_out", [key], host=dst, span=span, before=before)
-                    dst.ring.begin_write(dst)
-                    return self._submitted(CopyEvent(self._link, use.id, token, src, dst), status)
+                    use = self._core.begin(kind, [key], host=host, keep_host=keep_host, span=span, before=before)
+                    if into_device:
+                        host.ring.begin_read(host)
+                    else:
+                        host.ring.begin_write(host)
+                    return self._submitted(use, CopyEvent(self._link, use.id, token, src, dst), status)
                 blocker = self._blocker(before)
             self._wait_for(blocker)
+
+    def _submit(self, kind: str, memory: object, offset: int, host: HostRange, sync: bool) -> object:
+        """Hand a copy to the backend; its token."""
+        if kind == "copy_in":
+            return self._backend.copy_in(memory, offset, host.ring.raw(host), sync=sync)
+        return self._backend.copy_out(host.ring.raw(host), memory, offset, sync=sync)
 
     # ------------------------------------------------------------ compute and views
 
@@ -249,7 +256,7 @@ class Bridge:
                     use = self._core.begin("compute", keys, before=before)
                     self._counts["computes"] += 1
                     event = ComputeEvent(self._link, use.id, token, tuple(handles))
-                    self._track(event)
+                    self._track(use, event)
                     return event
                 blocker = self._blocker(before)
             self._wait_for(blocker)
@@ -302,9 +309,9 @@ class Bridge:
         deferred backend frees that failed since the last poll (DeviceFreeError, FREE-3)."""
         with self._lock:
             finished = self._drain()
-            for event in list(self._pending.values()):
+            for use in list(self._core.inflight()):
                 # one that ended meanwhile (a held use launched by an earlier finish, done at once) is skipped
-                if event.use_id in self._pending and self._ready(event):
+                if (event := use.event) is not None and self._live(event) and self._ready(event):
                     status = self._query(event.backend_token)
                     if status.done:
                         self._finish(event, status)
@@ -321,12 +328,8 @@ class Bridge:
         Backend failures are reported once every old buffer had its release (FREE-3, FAULT-1)."""
         with self._lock:
             self._drain()
-            releases = self._core.restart()
+            releases = self._core.restart(time.monotonic())  # the rest wait for their uses (PIN-1)
             self._counts["restarts"] += 1
-            now = time.monotonic()
-            for record in self._core.allocations():  # stale_pending: released when their uses end
-                if record.generation < self._core.generation:
-                    self._waiting.setdefault(record.id, now)
             failures: list[str] = []
             try:
                 self._backend.begin_generation(self._core.generation)
@@ -344,11 +347,7 @@ class Bridge:
         `timeout` seconds pass. Failures stay with their events (`event.error`)."""
         ends = deadline(timeout)
         for event in self._own_events(events, "wait_all"):
-            while not event.done():
-                remaining = None if ends is None else ends - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
-                self._wait_backend(event, remaining)
+            wait_done(event, ends, timeout)
 
     def wait_any(self, events: Iterable[Event], timeout: float | None = None) -> Event:
         """The first of `events` found done (in the order given), blocking until one is; raises
@@ -382,14 +381,13 @@ class Bridge:
             self._drain()
             key, _ = self._resolve(handle)
             kinds = Counter(use.kind for use in self._core.dependents(key[0]))
-            since = self._waiting.get(key[0])
             return {
                 "state": self._core.state(*key),
                 "copies_in": kinds["copy_in"],
                 "copies_out": kinds["copy_out"],
                 "computes": kinds["compute"],
                 "views": kinds["view"],
-                "waiting_s": 0.0 if since is None else time.monotonic() - since,
+                "waiting_s": self._core.waited(key[0], time.monotonic()),
             }
 
     def state(self, handle: DeviceHandle) -> str:
@@ -415,7 +413,7 @@ class Bridge:
                 "generation": self._core.generation,
                 "live_allocations": len(live),
                 "live_bytes": sum(r.extent for r in live),
-                "pending_events": len(self._pending),
+                "pending_events": sum(1 for use in self._core.inflight() if use.event is not None),
                 "inflight_uses": sum(1 for _ in self._core.inflight()),
                 **counts,
             }
@@ -475,10 +473,10 @@ class Bridge:
         status = self._query(token)
         return OK if status.done and status.error is None else status
 
-    def _submitted(self, event: CopyEvent, status: Status | None) -> CopyEvent:
+    def _submitted(self, use: InFlight, event: CopyEvent, status: Status | None) -> CopyEvent:
         """An asynchronous copy in flight, tracked until done (`status`: its first query; a
         failed one settles it at once)."""
-        self._track(event)
+        self._track(use, event)
         if status is None:  # held back: launched when its predecessors end
             self._counts["held"] += 1
         elif status.done:
@@ -490,10 +488,15 @@ class Bridge:
         Link.settle(event, None)
         return event
 
-    def _track(self, event: Event) -> None:
-        self._pending[event.use_id] = event
+    def _track(self, use: InFlight, event: Event) -> None:
+        """The core keeps the use's event (and its token, once submitted) until the use ends."""
+        use.event = event
         if event.backend_token is not None:
-            self._by_token[id(event.backend_token)] = event
+            self._core.submitted(use, event.backend_token)
+
+    def _live(self, event: Event) -> bool:
+        """Whether the event's use has not ended."""
+        return self._core.use(event.use_id) is not None
 
     def _ready(self, event: Event) -> bool:
         """Whether the backend can say the event is done: submitted, and not an open compute."""
@@ -505,12 +508,13 @@ class Bridge:
         an open compute event, which cannot end while the caller waits."""
         chain = self._core.closure(before)
         for use in chain:
-            event = self._pending[use.id]
+            event = use.event
             if isinstance(event, ComputeEvent) and event.open:
                 raise OrderingError(
                     "ORDER-2", f"this call must follow {event!r}, whose `with` block is open: it would wait forever"
                 )
-        return self._pending[chain[0].id]
+        first: Event = chain[0].event
+        return first
 
     def _wait_for(self, event: Event) -> None:
         """Block, without the lock, until `event` (a use a call must follow) is done."""
@@ -523,22 +527,19 @@ class Bridge:
         """Submit a held-back copy whose predecessors have all ended (asynchronously: this may run
         on a device thread). A use a restart made stale is aborted instead; a backend refusal
         fails it. Either way its own followers are launched in turn."""
-        event = self._pending[use.id]
+        event: Event = use.event
         if use.generation != self._core.generation:
             self._finish(event, Status(True, "aborted by a restart before it was submitted"))
             return
         record, host = self._core.allocation(use.allocations[0]), use.host
         assert record is not None and use.span is not None, "a held use keeps its allocation's record"
         try:
-            if use.kind == "copy_in":
-                token = self._backend.copy_in(record.memory, use.span[0], host.ring.raw(host), sync=False)
-            else:
-                token = self._backend.copy_out(host.ring.raw(host), record.memory, use.span[0], sync=False)
+            token = self._submit(use.kind, record.memory, use.span[0], host, False)
         except BackendError as e:
             self._finish(event, Status(True, f"submitting it once its predecessors ended failed: {e}"))
             return
         event.backend_token = token
-        self._by_token[id(token)] = event
+        self._core.submitted(use, token)
         self._refresh(event)
 
     def _launch_ready(self) -> None:
@@ -556,7 +557,7 @@ class Bridge:
     def _closed(self, event: ComputeEvent) -> None:
         """A `with compute(...)` block exited: the marker must cover the work it queued."""
         with self._lock:
-            if event.use_id in self._pending:
+            if self._live(event):
                 try:
                     self._backend.extend(event.backend_token)
                 except BackendError as e:
@@ -567,16 +568,16 @@ class Bridge:
         """Finish `event` if the backend is done with it; a held event first refreshes the
         submitted uses it follows (their end may launch it)."""
         with self._lock:
-            if event.use_id not in self._pending:
+            if (use := self._core.use(event.use_id)) is None:
                 return
-            if event.backend_token is None and (use := self._core.use(event.use_id)) is not None:
+            if event.backend_token is None:
                 for before in self._core.closure([use]):
-                    if before.id != use.id and (earlier := self._pending.get(before.id)) is not None:
-                        self._refresh_submitted(earlier)
+                    if before.id != use.id and before.event is not None:
+                        self._refresh_submitted(before.event)
             self._refresh_submitted(event)
 
     def _refresh_submitted(self, event: Event) -> None:
-        if event.use_id in self._pending and self._ready(event):
+        if self._live(event) and self._ready(event):
             status = self._query(event.backend_token)
             if status.done:
                 self._finish(event, status)
@@ -592,15 +593,15 @@ class Bridge:
     def _wait_backend(self, event: Event, timeout: float | None) -> None:
         """Block on the backend for `event`, or for a held event the oldest use it follows."""
         with self._lock:
-            if event.use_id not in self._pending:
+            if (use := self._core.use(event.use_id)) is None:
                 return
-            if event.backend_token is None and (use := self._core.use(event.use_id)) is not None:
+            if event.backend_token is None:
                 event = self._blocker([use])
         try:
             self._backend.wait(event.backend_token, timeout)  # without the lock: may block
         except BackendError as e:
             with self._lock:
-                if event.use_id in self._pending:
+                if self._live(event):
                     self._finish(event, Status(True, f"waiting on the backend failed: {e}"))
 
     def _own_events(self, events: object, call: str) -> list[Event]:
@@ -640,9 +641,6 @@ class Bridge:
     def _finish(self, event: Event, status: Status) -> None:
         """The one place a use ends. The event is settled whatever happens here; then the held
         uses that followed only it are launched (their events settle after this one)."""
-        del self._pending[event.use_id]
-        if event.backend_token is not None:
-            del self._by_token[id(event.backend_token)]
         error: BridgeError | None = None
         try:
             effects = self._core.end(event.use_id, ok=status.error is None)
@@ -689,32 +687,27 @@ class Bridge:
             drained += 1
         while self._completed:
             token = self._completed.popleft()
-            event = self._by_token.get(id(token))
-            if event is not None and event.backend_token is token:
+            if (use := self._core.submitted_use(token)) is not None:
+                event = use.event
                 self._refresh(event)
-                drained += event.use_id not in self._pending
+                drained += not self._live(event)
         return drained
 
     def _warn_long_waits(self) -> None:
         """Log, once each, deferred releases waiting longer than `pending_warning_s` (PIN-1):
-        a JIT or a model that captured a view is found in minutes, not by a memory leak."""
-        now = time.monotonic()
-        for alloc_id, since in list(self._waiting.items()):  # a log handler may call back and release one
-            record = self._core.allocation(alloc_id)
-            if record is None or alloc_id in self._warned or now - since < self.pending_warning_s:
-                continue
-            self._warned.add(alloc_id)
-            kinds = Counter(use.kind for use in self._core.dependents(alloc_id))
+        a JIT or a model that captured a view is found in minutes, not by a memory leak. One at
+        a time: a log handler may call back and release one."""
+        while (overdue := self._core.overdue(time.monotonic(), self.pending_warning_s)) is not None:
+            record, waited = overdue
+            kinds = Counter(use.kind for use in self._core.dependents(record.id))
             log.warning(
                 "allocation #%d (%s, role %s) is %s after %.0f s; still in use by %s",
-                alloc_id, record.spec.name, record.spec.role, record.state, now - since,
+                record.id, record.spec.name, record.spec.role, record.state, waited,
                 ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing",
             )  # fmt: skip
 
     def _release(self, record: Allocation) -> str | None:
         """The one backend free of an allocation (FREE-2); a failure is returned, never retried."""
-        self._waiting.pop(record.id, None)
-        self._warned.discard(record.id)
         try:
             self._backend.free(record.memory)
         except BackendError as e:

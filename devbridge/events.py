@@ -66,14 +66,20 @@ class Event:
     def wait(self, timeout: float | None = None) -> None:
         """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
         `timeout` seconds pass first (WAIT-1): the wait blocks on the backend, never spins."""
-        ends = deadline(timeout)
-        while not self.done():
-            remaining = None if ends is None else ends - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise WaitTimeoutError("WAIT-1", f"{self!r} not done after {timeout} s")
-            self._link.block(self, remaining)
+        wait_done(self, deadline(timeout), timeout)
         if self._error is not None:
             raise self._error
+
+
+def wait_done(event: Event, ends: float | None, timeout: object) -> None:
+    """The one wait for one event (Event.wait, Bridge.wait_all): block on the backend through the
+    event's Link until it is done; WaitTimeoutError (WAIT-1) once `ends` (a `deadline` of
+    `timeout`) passes."""
+    while not event.done():
+        remaining = None if ends is None else ends - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
+        event._link.block(event, remaining)
 
 
 def deadline(timeout: object) -> float | None:

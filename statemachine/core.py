@@ -73,6 +73,8 @@ class InFlight:
     span: tuple[int, int] | None = None  # the device bytes [start, stop) a copy touches; None: all
     after: set[int] | None = None  # earlier uses in flight it follows: held while any (None: none, ever)
     followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
+    event: Any = None  # the Bridge's event for it (None: a view); opaque here
+    token: Any = None  # the backend's token once submitted (None while held back); opaque here
 
 
 #: `LifecycleCore.snapshot()`: (generation, next allocation id, next use id, records, uses).
@@ -165,6 +167,11 @@ class LifecycleCore:
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
+        self._by_token: dict[int, InFlight] = {}  # id(token) -> the submitted use it belongs to
+        #: PIN-1's clock: allocation id -> when its release was deferred (a free or a restart
+        #: waiting for uses to end), and the ones already reported as waiting too long
+        self._waiting: dict[int, float] = {}
+        self._warned: set[int] = set()
         self._next_allocation = 0
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
@@ -201,6 +208,26 @@ class LifecycleCore:
 
     def use(self, use_id: int) -> InFlight | None:
         return self._inflight.get(use_id)
+
+    def submitted_use(self, token: object) -> InFlight | None:
+        """The use in flight that the backend's `token` belongs to (None: none, or it ended)."""
+        use = self._by_token.get(id(token))
+        return use if use is not None and use.token is token else None
+
+    def waited(self, alloc_id: int, now: float) -> float:
+        """How long the allocation's deferred release has waited (0.0: none is)."""
+        since = self._waiting.get(alloc_id)
+        return 0.0 if since is None else now - since
+
+    def overdue(self, now: float, limit: float) -> tuple[Allocation, float] | None:
+        """One deferred release that has waited `limit` seconds or more and was not reported yet
+        (PIN-1), now marked reported, with how long it waited; None when there is none."""
+        for alloc_id, since in self._waiting.items():
+            if alloc_id not in self._warned and now - since >= limit:
+                self._warned.add(alloc_id)
+                record = self._allocations[alloc_id]  # a waiting allocation is live: released, it leaves
+                return record, now - since
+        return None
 
     def dependents(self, alloc_id: int) -> list[InFlight]:
         """The uses in flight that the allocation's memory must outlive."""
@@ -314,6 +341,11 @@ class LifecycleCore:
         self._next_use += 1
         return use
 
+    def submitted(self, use: InFlight, token: object) -> None:
+        """The backend took `use` and gave `token` for it."""
+        use.token = token
+        self._by_token[id(token)] = use
+
     def instant(self, kind: str, key: tuple[int, int]) -> int:
         """A use the backend finished before it was recorded (a synchronous copy that follows
         nothing): its begin and its end as one step of a composite table built from the spec's
@@ -356,6 +388,8 @@ class LifecycleCore:
         use = self._inflight.pop(use_id, None)
         if use is None:
             raise LifecycleError("EVENT-1", f"use #{use_id} is not in flight")
+        if use.token is not None:
+            del self._by_token[id(use.token)]
         event = USE_EVENTS[use.kind][1]
         if use.kind in self._accesses:
             for alloc_id in use.allocations:
@@ -373,16 +407,24 @@ class LifecycleCore:
         host_ok = ok and not aborted and not use.keep_host
         return Effects(release, use, host_ok, rule, tuple(ready) if ready else (), aborted)
 
-    def free(self, alloc_id: int, generation: int) -> Allocation | None:
-        """free_device: the record to release now, or None when the free is deferred. (One step:
-        `fire` refuses as `check` would, before it changes anything.)"""
-        return self.fire(alloc_id, generation, "free")
+    def free(self, alloc_id: int, generation: int, now: float = 0.0) -> Allocation | None:
+        """free_device: the record to release now, or None when the free is deferred (its wait
+        counted from `now`, PIN-1). (One step: `fire` refuses as `check` would, before it
+        changes anything.)"""
+        record = self.fire(alloc_id, generation, "free")
+        if record is None:
+            self._waiting[alloc_id] = now
+        return record
 
-    def restart(self) -> list[Allocation]:
-        """Begin a new generation; returns the old allocations to release now."""
+    def restart(self, now: float = 0.0) -> list[Allocation]:
+        """Begin a new generation; returns the old allocations to release now. The others wait
+        for their uses to end, counted from `now` (PIN-1)."""
         old = list(self._allocations.values())
         self.generation += 1
-        return [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
+        release = [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
+        for record in self._allocations.values():  # all of an older generation: none is new yet
+            self._waiting.setdefault(record.id, now)
+        return release
 
     # ------------------------------------------------------------ the state as a value
 
@@ -409,6 +451,7 @@ class LifecycleCore:
         """Become the core `state` was taken from (the per-use links are rebuilt from it; its uses
         in issue order, as `snapshot` gives them)."""
         self.generation, self._next_allocation, self._next_use, records, uses = state
+        self._by_token, self._waiting = {}, {}  # neither is part of the value: no token, no clock
         self._allocations = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
         self._inflight = inflight = {}
         for uid, kind, allocations, host, generation, keep_host, span, after in uses:  # in issue order
@@ -460,6 +503,7 @@ class LifecycleCore:
             )
         if step.dest in self._table.terminal:
             del self._allocations[alloc_id]
+            self._waiting.pop(alloc_id, None)
         return record if step.release else None
 
 

@@ -201,7 +201,7 @@ def compute_done_at_submit() -> Iterator[None]:
 
     def compute(self: Bridge, *handles: Any) -> Any:
         event = original(self, *handles)
-        if event.use_id in self._pending:  # not one the backend already finished: the bug, not a crash
+        if self._live(event):  # not one the backend already finished: the bug, not a crash
             self._finish(event, OK)
         return event
 

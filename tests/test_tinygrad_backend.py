@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import threading
 
 import numpy as np
@@ -127,9 +128,10 @@ def test_small_async_copies_to_an_idle_cpu_finish_at_submission(monkeypatch: pyt
         assert bytes(ring.view(out)) == data
         ring.release(out)
 
-    for n in (1, 64, 4096, INLINE_MAX_BYTES):
+    assert INLINE_MAX_BYTES == 64 << 10  # the documented threshold: 64 KiB at once, a byte more on the thread
+    for n in (1, 64, 4096, 65536):
         copy(n, at_once=True)
-    copy(INLINE_MAX_BYTES + 1, at_once=False)
+    copy(65537, at_once=False)
     with backend.hold_copies():
         src = ring.reserve(64)
         held = bridge.host_to_device(src, DeviceRange(h, 0, 64), sync=False)
@@ -183,6 +185,11 @@ def test_free_drops_the_buffer_at_once_on_an_idle_device_and_parks_it_while_work
     queued[0] = True
     backend.alloc(64, "uint8")
     assert backend.parked == 0
+    backend.free(backend.alloc(64, "uint8"))  # parked, then its marker is done too
+    later = [False]
+    monkeypatch.setattr(backend, "_markers", lambda: lambda: later[0])
+    backend.free(backend.alloc(64, "uint8"))  # a free reaps as well: the first goes, this one stays
+    assert backend.parked == 1
 
 
 def test_allocation_failure_maps_to_backend_error() -> None:
@@ -332,3 +339,538 @@ def test_poll_finishes_a_download_launched_behind_a_compute_once(device: str) ->
     assert comp.done() and comp.error is None and down.error is None
     assert bytes(ring.view(out)) == b"\x01" and bridge.stats()["pending_events"] == 0
     del view
+
+
+def test_waiting_on_a_device_marker_pauses_50_us_doubling_to_2_ms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OS primitive signals a marker (the CPU device's work): a wait queries it again after a
+    pause that starts at 50 µs and doubles up to 2 ms, so a short wait stays short and a long one
+    costs a query every 2 ms, never a spinning core."""
+    import types
+
+    from devbridge.backends import tinygrad as module
+
+    backend = TinygradBackend("CPU")
+    pauses: list[float] = []
+    clock = iter(range(1000))  # the backend's own clock: it moves 1 ms per reading
+    fake = types.SimpleNamespace(sleep=pauses.append, monotonic=lambda: next(clock) / 1000)
+    monkeypatch.setattr(module, "time", fake)
+    answers = iter([False] * 8 + [True])
+    assert backend.wait(TinygradToken("compute", probe=lambda: next(answers)), None) is True
+    assert pauses == pytest.approx([50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 2e-3, 2e-3])
+    pauses.clear()
+    never = TinygradToken("compute", probe=lambda: False)
+    clock = iter(range(1000))  # the deadline is taken at the first reading: 5.5 ms from then
+    assert backend.wait(never, 0.0055) is False
+    # each pause is cut to the time left; the wait returns once the deadline has passed
+    assert pauses == pytest.approx([50e-6, 100e-6, 200e-6, 400e-6, 0.5e-3])
+
+
+def test_a_token_reports_its_commands_or_copys_failure() -> None:
+    """A finished OpenCL command or copy-thread copy that failed is done with its error; one that
+    succeeded is OK; one still running is pending."""
+    from concurrent.futures import Future
+
+    from devbridge.backends.base import OK, PENDING, Status
+
+    class Finished:
+        def __init__(self, error: str | None, done: bool = True) -> None:
+            self.error, self._done = error, done
+
+        def done(self) -> bool:
+            return self._done
+
+    def status(command: object) -> Status:
+        return TinygradToken("copy_in", command=command).status()  # type: ignore[arg-type]
+
+    assert status(Finished("OpenCL error -5 (CL_OUT_OF_RESOURCES)")) == Status(
+        True, "OpenCL error -5 (CL_OUT_OF_RESOURCES)"
+    )
+    assert status(Finished(None)) == OK and status(Finished(None, done=False)) == PENDING
+    failed: Future[None] = Future()
+    failed.set_exception(ValueError("the device is gone"))
+    assert TinygradToken("copy_out", future=failed).status() == Status(True, "ValueError: the device is gone")
+    succeeded: Future[None] = Future()
+    succeeded.set_result(None)
+    assert TinygradToken("copy_out", future=succeeded).status() == OK
+
+
+def test_asynchronous_copies_run_one_at_a_time_on_one_copy_thread() -> None:
+    """The CPU device's copy thread is one thread: copies run in the order issued, never two at
+    once (a second one, issued while the first is held, waits for it rather than starting)."""
+    backend = TinygradBackend("CPU")
+    assert backend.generation == 0  # a new backend, before any bridge began one
+    bridge, ring = Bridge(backend), HostRing(1 << 20)
+    h = bridge.alloc_device(ObjectSpec("blob", "uint8"), 4 * INLINE_MAX_BYTES)
+    ran: list[tuple[int, str]] = []
+    real_move = backend._move
+
+    def move(memory: memoryview, offset: int, host: memoryview, *, into_device: bool) -> None:
+        real_move(memory, offset, host, into_device=into_device)
+        ran.append((len(host), threading.current_thread().name))
+
+    backend._move = move  # type: ignore[method-assign]
+    sizes = [INLINE_MAX_BYTES + 1 + k for k in range(3)]  # each too large to be made at once; disjoint
+    with backend.hold_copies():
+        events = [
+            bridge.host_to_device(ring.reserve(n), DeviceRange(h, k * (INLINE_MAX_BYTES + 8), n), sync=False)
+            for k, n in enumerate(sizes)
+        ]
+    bridge.wait_all(events, timeout=30)
+    assert [n for n, _ in ran] == sizes
+    assert {name for _, name in ran} == {"devbridge-copy_0"}
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_copy_tinygrads_allocator_refuses_is_a_backend_error(monkeypatch: pytest.MonkeyPatch, sync: bool) -> None:
+    """Through the allocator (work queued on the CPU device, so no memmove): its failure is the
+    backend's BackendError naming the device and the copy, never tinygrad's own exception."""
+    from devbridge.backends import tinygrad as module
+    from devbridge.backends.base import BackendError
+
+    backend = TinygradBackend("CPU")
+    buffer = backend.alloc(64, "uint8")
+    monkeypatch.setattr(backend, "_idle", lambda: False)  # work queued: no memmove
+    monkeypatch.setattr(module.tg, "host_bytes", lambda buf: None)  # and no copy thread
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("the device is gone")
+
+    monkeypatch.setattr(module.tg, "copy_in", refuse)
+    monkeypatch.setattr(module.tg, "copy_out", refuse)
+    with pytest.raises(BackendError, match=r"^CPU: copy_in failed: the device is gone$"):
+        backend.copy_in(buffer, 0, memoryview(bytearray(64)), sync=sync)
+    with pytest.raises(BackendError, match=r"^CPU: copy_out failed: the device is gone$"):
+        backend.copy_out(memoryview(bytearray(64)), buffer, 0, sync=sync)
+
+
+def test_a_view_tinygrad_cannot_make_or_anchor_is_a_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devbridge.backends import tinygrad as module
+    from devbridge.backends.base import BackendError
+
+    backend = TinygradBackend("CPU")
+    buffer = backend.alloc(64, "uint8")
+    with pytest.raises(BackendError, match=r"^CPU: no buffer under the view: 'str' object has no attribute 'uop'$"):
+        backend.view_anchor("not a tensor")
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("no such dtype here")
+
+    monkeypatch.setattr(module.tg, "tensor_view", refuse)
+    with pytest.raises(BackendError, match=r"^CPU: cannot view \(4,\) float32 at 16: no such dtype here$"):
+        backend.view(buffer, 16, (4,), "float32")
+
+
+def test_on_cl_a_compute_extended_by_its_block_reports_when_the_work_it_covers_ends() -> None:
+    """A `with compute()` block queues more work: the compute's marker is taken again as it exits,
+    and the subscribers hear of the compute once that second marker is done (not only of the
+    first, which ended before the block's work did)."""
+    if "CL" not in DEVICES:
+        pytest.skip("no OpenCL device here")
+    backend = TinygradBackend("CL")
+    assert backend._queue is not None
+    heard: list[bool] = []
+    ended = threading.Event()
+
+    def listener(token: object) -> None:
+        done = backend.query(token).done
+        heard.append(done)
+        if done:
+            ended.set()
+
+    backend.subscribe(listener)
+    token = backend.compute([])
+    assert ended.wait(30) and heard == [True]  # the first marker: the queue was empty
+    ended.clear()
+    with backend._queue.held():  # the block's work, still queued as the block exits
+        backend.extend(token)
+        assert not backend.query(token).done
+    assert ended.wait(10) and heard == [True, True]
+
+
+@pytest.mark.parametrize("device", [d for d in ("CPU", "CL") if d in DEVICES])
+def test_a_wait_on_a_copy_blocks_on_its_primitive_until_it_is_done(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """A copy's wait blocks on what completes it (the copy thread's future on CPU, the OpenCL
+    event on CL), never a query-and-sleep loop, and says True once the copy is done."""
+    import time
+    import types
+
+    from devbridge.backends import tinygrad as module
+
+    backend = TinygradBackend(device)
+    buffer = backend.alloc(2 * INLINE_MAX_BYTES, "uint8")
+    data = memoryview(bytearray(b"\x07" * 2 * INLINE_MAX_BYTES))  # too large to be made at once
+    real_sleep, pauses = time.sleep, []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(threading.current_thread().name)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(sleep=sleep, monotonic=time.monotonic))
+    result: list[object] = []
+    with backend.hold_copies():
+        token = backend.copy_in(buffer, 0, data, sync=False)
+        waiter = threading.Thread(target=lambda: result.append(backend.wait(token, 30)), name="waiter")
+        waiter.start()
+        real_sleep(0.2)
+        assert waiter.is_alive() and result == []  # blocked while the copy is held
+    waiter.join(30)
+    assert result == [True] and "waiter" not in pauses
+    out = memoryview(bytearray(len(data)))
+    backend.copy_out(out, buffer, 0, sync=True)
+    assert bytes(out) == bytes(data)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_preflight_passes_on_every_device_that_opens(device: str) -> None:
+    backend = TinygradBackend(device)
+    backend.preflight()
+    assert backend.unusable() is None
+
+
+def test_a_preflight_step_that_fails_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's check of a device that opens: the first step that fails, by name, and why."""
+    from devbridge.backends.base import BackendError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("refused")
+
+    class NoKernels:
+        def __add__(self, other: object) -> None:
+            raise RuntimeError("no kernels on this device")
+
+    for method, step in (
+        ("alloc", "allocate"),
+        ("copy_in", "upload"),
+        ("view", "make a view"),
+        ("copy_out", "download"),
+        ("free", "download"),  # the free is the last step before the bytes are compared
+    ):
+        backend = TinygradBackend("CPU")
+        monkeypatch.setattr(backend, method, refuse)
+        says = f"CPU cannot {step}: RuntimeError('refused')"
+        with pytest.raises(BackendError, match=f"^{re.escape(says)}$"):
+            backend.preflight()
+        assert backend.unusable() == f"device {says}: the worker needs copies, views and kernels"
+    backend = TinygradBackend("CPU")
+    monkeypatch.setattr(backend, "view", lambda *args: NoKernels())
+    says = "CPU cannot run a kernel on a view: RuntimeError('no kernels on this device')"
+    with pytest.raises(BackendError, match=f"^{re.escape(says)}$"):
+        backend.preflight()
+    backend = TinygradBackend("CPU")
+    real_copy_out = backend.copy_out
+
+    def wrong(dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        token = real_copy_out(dst, buffer, offset, sync=sync)
+        dst[0] ^= 1
+        return token
+
+    monkeypatch.setattr(backend, "copy_out", wrong)
+    with pytest.raises(BackendError, match=r"^CPU computes or copies wrong bytes$"):
+        backend.preflight()
+
+
+@pytest.mark.parametrize("device", [d for d in ("CPU", "CL") if d in DEVICES])
+def test_a_subscriber_hears_of_each_asynchronous_copy_as_it_completes(device: str) -> None:
+    backend = TinygradBackend(device)
+    heard: list[object] = []
+    arrived = threading.Event()
+
+    def listener(token: object) -> None:
+        heard.append(token)
+        arrived.set()
+
+    assert backend.subscribe(listener) is True  # this backend reports completions
+    buffer = backend.alloc(2 * INLINE_MAX_BYTES, "uint8")
+    token = backend.copy_in(buffer, 0, memoryview(bytearray(2 * INLINE_MAX_BYTES)), sync=False)
+    assert arrived.wait(10) and heard == [token] and backend.query(token).done
+
+
+CAPABILITIES = {
+    "CPU": {"host_memory": True, "sub_buffers": True, "events": "hcq2-timeline", "copyin_reads": "on return"},
+    "CL": {"host_memory": False, "sub_buffers": False, "events": "cl-event", "copyin_reads": "when the queue runs it"},
+    "PYTHON": {"host_memory": False, "sub_buffers": True, "events": "synchronize", "copyin_reads": "on return"},
+}
+
+
+@pytest.mark.parametrize("device", [d for d in CAPABILITIES if d in DEVICES])
+def test_each_device_that_opens_here_has_its_capability_record(device: str) -> None:
+    assert tg.capabilities(device).as_dict() == {"device": device, **CAPABILITIES[device]}
+    assert TinygradBackend(device).capabilities == tg.capabilities(device)
+
+
+def test_the_capability_record_is_read_from_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices not here (GPUs), as tinygrad's runtimes present them: what each has decides."""
+    from types import SimpleNamespace
+
+    class WithOffset(tg.Allocator):  # type: ignore[misc]
+        def _offset(self, buf: object, size: int, offset: int) -> object:
+            return buf
+
+    class WithoutOffset(tg.Allocator):  # type: ignore[misc]
+        pass
+
+    def dev(allocator: type, **attributes: object) -> SimpleNamespace:
+        return SimpleNamespace(allocator=allocator.__new__(allocator), **attributes)
+
+    hcq = {"timeline_signal": 1, "timeline_value": 1}
+    devices = {
+        "NV": dev(WithOffset, **hcq),
+        "AMD:1": dev(WithOffset, **hcq),
+        "CUDA": dev(WithOffset),
+        "METAL": dev(WithoutOffset),
+        "CPU:2": dev(WithOffset, signal=1, _wait_signal=1),  # no _as_buffer: not host memory
+        "GPU": dev(WithoutOffset, queue=1, pending_copyin=[]),
+        "ODD": dev(WithoutOffset, timeline_signal=1, queue=1),  # half of two families: neither
+    }
+    monkeypatch.setattr(tg, "Device", devices)
+    tg.capabilities.cache_clear()
+    try:
+        got = {name: tg.capabilities(name) for name in devices}
+    finally:
+        tg.capabilities.cache_clear()
+    assert all(c.device == name for name, c in got.items())
+    staging, unknown, queued = (
+        "into a staging buffer before return",
+        "unknown: treated as on return",
+        "when the queue runs it",
+    )
+    assert {name: (c.host_memory, c.sub_buffers, c.events, c.copyin_reads) for name, c in got.items()} == {
+        "NV": (False, True, "hcq-timeline", staging),
+        "AMD:1": (False, True, "hcq-timeline", staging),
+        "CUDA": (False, True, "synchronize", staging),
+        "METAL": (False, False, "synchronize", unknown),
+        "CPU:2": (False, True, "hcq2-timeline", "on return"),
+        "GPU": (False, False, "cl-event", queued),
+        "ODD": (False, False, "synchronize", unknown),
+    }
+
+
+def test_the_allocators_handle_on_a_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole buffer is the buffer's own handle; a range is the allocator's `_offset`. A
+    device without one (CL's allocator; the bridge copies there with its own commands) copies
+    whole buffers only."""
+    if "CL" in DEVICES:
+        whole = tg.allocate("CL", 64)
+        assert tg._raw_range(whole, 0, 64) is whole._buf
+    buf = tg.allocate("CPU", 64)
+    assert tg._raw_range(buf, 0, 64) is buf._buf
+    tg.copy_in(buf, 0, memoryview(bytearray(64)))
+    tg.copy_in(buf, 16, memoryview(bytearray(b"\x01" * 8)))  # through _offset
+    out = memoryview(bytearray(64))
+    tg.copy_out(out, buf, 0)
+    assert bytes(out) == bytes(16) + b"\x01" * 8 + bytes(40)
+
+    def no_offset(*args: object) -> object:
+        raise NotImplementedError
+
+    monkeypatch.setattr(buf.allocator, "_offset", no_offset)
+    tg.copy_in(buf, 0, memoryview(bytearray(b"\x02" * 64)))  # the whole buffer needs no _offset
+    with pytest.raises(NotImplementedError):
+        tg.copy_in(buf, 40, memoryview(bytearray(8)))
+    tg.copy_out(out, buf, 0)
+    assert bytes(out) == b"\x02" * 64
+
+
+def test_the_idle_probe_is_false_while_any_worker_or_the_timeline_lags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle probe's reading of the CPU device, on a device whose counters the test sets: idle
+    only when every worker has done what was put, the timeline has reached the last value, and
+    the device is the one tinygrad's runtime is set to."""
+    from array import array
+    from types import SimpleNamespace
+
+    from tinygrad.runtime.support.hcq2 import HCQ_RUNTIME_DEV
+
+    def counter(value: int) -> tuple[array[int], SimpleNamespace]:
+        cell = array("Q", [value])
+        view = SimpleNamespace(view=lambda fmt: memoryview(cell))
+        return cell, SimpleNamespace(_buf=SimpleNamespace(cpu_view=lambda: view))
+
+    timeline, timeline_signal = counter(9)
+    value, value_signal = counter(10)
+    put, put_signal = counter(3)
+    done, done_signal = counter(3)
+    workers = [SimpleNamespace(put=put_signal, done=done_signal)]
+    signals = {"timeline": timeline_signal, "value": value_signal}
+    device = SimpleNamespace(workers=workers, signal=lambda name, *args, **kwargs: signals[name])
+    monkeypatch.setattr(tg, "Device", {"CPU": device, "CPU:1": device, "CL": SimpleNamespace(workers=[], signal=0)})
+    monkeypatch.setattr(HCQ_RUNTIME_DEV, "value", "CPU")
+    idle = tg.idle_probe("CPU")
+    assert idle is not None and idle() is True  # timeline 9 reached value 10 - 1, nothing put undone
+    put[0] = 4  # the worker was given work
+    assert idle() is False
+    done[0] = 4
+    assert idle() is True
+    timeline[0] = 8  # the last value not yet reached
+    assert idle() is False
+    timeline[0] = 9
+    value[0] = 11  # a new value taken: the timeline must reach 10
+    assert idle() is False
+    value[0] = 10
+    workers.append(SimpleNamespace(put=counter(1)[1], done=counter(0)[1]))  # a second worker, busy
+    assert idle() is False
+    workers.pop()
+    assert idle() is True
+    monkeypatch.setattr(HCQ_RUNTIME_DEV, "value", "CPU:1")  # set to another device: not this one's reading
+    assert idle() is False
+    assert tg.idle_probe("CL") is None
+    device.workers = None
+    del device.workers
+    assert tg.idle_probe("CPU:1") is None  # a CPU device without workers: none
+
+
+def test_synchronize_waits_for_the_copy_thread_and_the_device_and_drops_parked_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from devbridge.backends import tinygrad as module
+
+    backend = TinygradBackend("CPU")
+    buffer = backend.alloc(2 * INLINE_MAX_BYTES, "uint8")
+    real_move, moved = backend._move, threading.Event()
+
+    def slow_move(memory: memoryview, offset: int, host: memoryview, *, into_device: bool) -> None:
+        moved.wait(0.3)  # still copying when synchronize is called
+        real_move(memory, offset, host, into_device=into_device)
+
+    backend._move = slow_move  # type: ignore[method-assign]
+    token = backend.copy_in(buffer, 0, memoryview(bytearray(b"\x05" * 2 * INLINE_MAX_BYTES)), sync=False)
+    assert isinstance(token, TinygradToken) and token.future is not None and not token.future.done()
+    synchronized: list[str] = []
+    real_synchronize = module.tg.synchronize
+    monkeypatch.setattr(
+        module.tg, "synchronize", lambda device: (synchronized.append(device), real_synchronize(device))
+    )
+    monkeypatch.setattr(backend, "_idle", lambda: False)  # a free now parks the buffer behind a marker
+    monkeypatch.setattr(backend, "_markers", lambda: lambda: bool(synchronized))  # done once synchronized
+    backend.free(backend.alloc(64, "uint8"))
+    assert backend.parked == 1
+    backend.synchronize()
+    assert token.future.done() and synchronized == ["CPU"] and backend.parked == 0
+
+
+def test_a_device_that_cannot_mark_its_queue_fails_the_compute_with_a_backend_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from devbridge.backends.base import BackendError
+
+    def refuse() -> object:
+        raise RuntimeError("no signal left")
+
+    for device in [d for d in ("CPU", "CL") if d in DEVICES]:
+        backend = TinygradBackend(device)
+        if backend._queue is not None:
+            monkeypatch.setattr(backend._queue, "marker", refuse)
+        else:
+            monkeypatch.setattr(backend, "_markers", refuse)
+        with pytest.raises(BackendError, match=rf"^{device}: cannot mark the end of queued work: no signal left$"):
+            backend.compute([])
+
+
+@pytest.mark.skipif("CL" not in DEVICES, reason="no OpenCL device here")
+def test_an_opencl_copy_refused_or_failed_is_a_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devbridge.backends.base import BackendError
+    from devbridge.backends.tinygrad_cl import CLCommandError
+
+    backend = TinygradBackend("CL")
+    assert backend._queue is not None
+    buffer = backend.alloc(64, "uint8")
+    done_in = backend.copy_in(buffer, 0, memoryview(bytearray(64)), sync=True)
+    done_out = backend.copy_out(memoryview(bytearray(64)), buffer, 0, sync=True)
+    assert isinstance(done_in, TinygradToken) and isinstance(done_out, TinygradToken)
+    assert (done_in.op, done_out.op) == ("copy_in", "copy_out") and done_in.status().done
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise CLCommandError("enqueue: OpenCL error -5 (CL_OUT_OF_RESOURCES)")
+
+    monkeypatch.setattr(backend._queue, "copy", refuse)
+    for sync in (True, False):
+        with pytest.raises(
+            BackendError, match=r"^CL: copy_in failed: enqueue: OpenCL error -5 \(CL_OUT_OF_RESOURCES\)$"
+        ):
+            backend.copy_in(buffer, 0, memoryview(bytearray(64)), sync=sync)
+
+    class Failed:
+        error = "OpenCL error -14 (CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)"
+
+        def wait(self, timeout: float | None) -> bool:
+            return True
+
+    monkeypatch.setattr(backend._queue, "copy", lambda *args, **kwargs: Failed())
+    with pytest.raises(BackendError, match=r"^CL: copy_out failed: OpenCL error -14 "):
+        backend.copy_out(memoryview(bytearray(64)), buffer, 0, sync=True)
+
+
+def test_only_the_cpu_devices_memory_is_host_memory_to_copy_by_memmove() -> None:
+    """PYTHON's allocator can show its memory too, but it is not the device the bridge may
+    memmove into; a read-only host view has no address to memmove from."""
+    cpu = tg.allocate("CPU", 16)
+    assert tg.host_bytes(cpu) is not None
+    assert tg.move_now(cpu, 0, memoryview(bytearray(b"\x03" * 16)), into_device=True) is True
+    assert tg.move_now(cpu, 0, memoryview(b"read-only bytes!"), into_device=True) is False  # no address
+    out = memoryview(bytearray(16))
+    tg.copy_out(out, cpu, 0)
+    assert bytes(out) == b"\x03" * 16
+    for device in [d for d in ("CL", "PYTHON") if d in DEVICES]:
+        other = tg.allocate(device, 16)
+        assert tg.host_bytes(other) is None
+        assert tg.move_now(other, 0, memoryview(bytearray(16)), into_device=True) is False
+
+
+@pytest.mark.skipif("CL" not in DEVICES, reason="no OpenCL device here")
+def test_a_whole_view_on_cl_is_the_allocations_memory_and_counts_as_one_view_while_it_lives() -> None:
+    import numpy as np
+
+    buffer = tg.allocate("CL", 64)
+    tg.copy_in(buffer, 0, memoryview(bytearray(np.arange(16, dtype=np.float32).tobytes())))
+    before = buffer.allocated_views
+    view = tg.whole_view(buffer, 16, tg.dtype_of("float32"))
+    assert view.offset == 0 and view._buf is buffer._buf and buffer.allocated_views == before + 1
+    del view
+    gc.collect()
+    assert buffer.allocated_views == before  # a collected view frees nothing and is no longer counted
+    with pytest.raises(AssertionError):
+        tg.whole_view(buffer, 17, tg.dtype_of("float32"))  # past the allocation
+    tensor = tg.tensor_view(buffer, 0, (4, 4), "float32")
+    assert tensor.numpy().tolist() == np.arange(16, dtype=np.float32).reshape(4, 4).tolist()
+    with pytest.raises(NotImplementedError):  # an offset the device cannot view is never offset 0
+        tg.tensor_view(buffer, 16, (4,), "float32")
+
+
+def test_markers_on_devices_not_here_read_what_each_runtime_offers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NV/AMD (HCQ): a marker is done once the timeline signal reaches the last value handed out
+    before it; CUDA, METAL, ...: no cheap query, so the first probe synchronizes, once."""
+    from types import SimpleNamespace
+
+    signal = SimpleNamespace(value=4)
+    nv = SimpleNamespace(timeline_signal=signal, timeline_value=6)  # values up to 5 handed out
+    synchronized: list[int] = []
+    cuda = SimpleNamespace(synchronize=lambda: synchronized.append(1))
+    odd = SimpleNamespace(timeline_signal=signal, synchronize=lambda: synchronized.append(2))  # half an HCQ
+    half = SimpleNamespace(signal=signal, synchronize=lambda: synchronized.append(3))  # half an HCQ2
+    cells = {"timeline": [8], "value": [10]}  # the CPU device's: timeline reached, last value handed out
+
+    def cpu_signal(name: str, *args: object, **kwargs: object) -> SimpleNamespace:
+        view = SimpleNamespace(view=lambda fmt: cells[name])
+        return SimpleNamespace(_buf=SimpleNamespace(cpu_view=lambda: view))
+
+    cpu = SimpleNamespace(signal=cpu_signal, _wait_signal=None)
+    devices = {"NV": nv, "CUDA": cuda, "ODD": odd, "HALF": half, "CPU": cpu}
+    monkeypatch.setattr(tg, "Device", devices)
+    probe = tg.marker("NV")
+    assert probe() is False
+    signal.value = 5
+    assert probe() is True
+    nv.timeline_value = 9  # later work: a marker taken now waits for it, the earlier one does not
+    later = tg.marker("NV")
+    assert later() is False and probe() is True
+    cuda_probe = tg.marker("CUDA")
+    assert synchronized == [] and cuda_probe() is True and cuda_probe() is True and synchronized == [1]
+    assert tg.marker("ODD")() is True and synchronized == [1, 2]
+    assert tg.marker("HALF")() is True and synchronized == [1, 2, 3]
+    tg.synchronize("CUDA")
+    assert synchronized == [1, 2, 3, 1]
+    cpu_probe = tg.marker("CPU")  # done once the timeline reaches 9, the last value handed out
+    assert cpu_probe() is False
+    cells["timeline"][0] = 9
+    assert cpu_probe() is True
