@@ -211,7 +211,8 @@ class Bridge:
                     copies, nbytes = _COUNTS[kind]
                     self._counts[copies] += 1
                     self._counts[nbytes] += host.nbytes
-                    if (status := self._first_status(token, sync)) is OK:
+                    # a synchronous copy here follows nothing: submitted, and done on return
+                    if (status := OK if sync else self._first_status(token)) is OK:
                         # done already: one composite step, nothing in flight (H2D-2, D2H-2)
                         use_id = self._core.instant(kind, key)
                         if into_device:
@@ -462,14 +463,11 @@ class Bridge:
             raise self._core.dead(*key, "copy_begin")
         return key, record
 
-    def _first_status(self, token: object, sync: bool) -> Status | None:
-        """A copy's status on submission: OK for a synchronous one; for an asynchronous one the
-        backend's answer to one query (done already: it takes the synchronous copy's fused step);
-        None for one held back (no token)."""
+    def _first_status(self, token: object) -> Status | None:
+        """An asynchronous copy's status on submission: the backend's answer to one query (done
+        already: it takes the synchronous copy's fused step); None for one held back (no token)."""
         if token is None:
             return None
-        if sync:
-            return OK
         status = self._query(token)
         return OK if status.done and status.error is None else status
 
