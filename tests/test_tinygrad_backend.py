@@ -185,10 +185,11 @@ def test_free_drops_the_buffer_at_once_on_an_idle_device_and_parks_it_while_work
     queued[0] = True
     backend.alloc(64, "uint8")
     assert backend.parked == 0
-    backend.free(backend.alloc(64, "uint8"))  # parked, then its marker is done too
+    first, second = backend.alloc(64, "uint8"), backend.alloc(64, "uint8")
+    backend.free(first)  # parked, then its marker is done too
     later = [False]
     monkeypatch.setattr(backend, "_markers", lambda: lambda: later[0])
-    backend.free(backend.alloc(64, "uint8"))  # a free reaps as well: the first goes, this one stays
+    backend.free(second)  # a free reaps as well: the first goes, this one stays
     assert backend.parked == 1
 
 
@@ -363,6 +364,10 @@ def test_waiting_on_a_device_marker_pauses_50_us_doubling_to_2_ms(monkeypatch: p
     assert backend.wait(never, 0.0055) is False
     # each pause is cut to the time left; the wait returns once the deadline has passed
     assert pauses == pytest.approx([50e-6, 100e-6, 200e-6, 400e-6, 0.5e-3])
+    pauses.clear()
+    clock = iter(range(1000))
+    assert backend.wait(never, 0.005) is False
+    assert pauses == pytest.approx([50e-6, 100e-6, 200e-6, 400e-6])  # at the deadline itself: no pause
 
 
 def test_a_token_reports_its_commands_or_copys_failure() -> None:
@@ -529,6 +534,25 @@ def test_the_preflight_passes_on_every_device_that_opens(device: str) -> None:
     assert backend.unusable() is None
 
 
+def test_the_preflight_copies_synchronously(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = TinygradBackend("CPU")
+    calls: list[tuple[str, bool]] = []
+    real_in, real_out = backend.copy_in, backend.copy_out
+
+    def copy_in(buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        calls.append(("copy_in", sync))
+        return real_in(buffer, offset, src, sync=sync)
+
+    def copy_out(dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        calls.append(("copy_out", sync))
+        return real_out(dst, buffer, offset, sync=sync)
+
+    monkeypatch.setattr(backend, "copy_in", copy_in)
+    monkeypatch.setattr(backend, "copy_out", copy_out)
+    backend.preflight()
+    assert calls == [("copy_in", True), ("copy_out", True)]
+
+
 def test_a_preflight_step_that_fails_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's check of a device that opens: the first step that fails, by name, and why."""
     from devbridge.backends.base import BackendError
@@ -611,6 +635,10 @@ def test_the_capability_record_is_read_from_the_runtime(monkeypatch: pytest.Monk
     class WithoutOffset(tg.Allocator):  # type: ignore[misc]
         pass
 
+    class HostMemory(WithOffset):
+        def _as_buffer(self, buf: object) -> memoryview:
+            return memoryview(bytearray(1))
+
     def dev(allocator: type, **attributes: object) -> SimpleNamespace:
         return SimpleNamespace(allocator=allocator.__new__(allocator), **attributes)
 
@@ -621,6 +649,9 @@ def test_the_capability_record_is_read_from_the_runtime(monkeypatch: pytest.Monk
         "CUDA": dev(WithOffset),
         "METAL": dev(WithoutOffset),
         "CPU:2": dev(WithOffset, signal=1, _wait_signal=1),  # no _as_buffer: not host memory
+        "CPU:3": dev(HostMemory, signal=1, _wait_signal=1),
+        "METAL:1": dev(HostMemory),  # memory it can show, on a device that is not the CPU
+        "HALF": dev(WithoutOffset, signal=1),  # half of HCQ2: neither
         "GPU": dev(WithoutOffset, queue=1, pending_copyin=[]),
         "ODD": dev(WithoutOffset, timeline_signal=1, queue=1),  # half of two families: neither
     }
@@ -642,6 +673,9 @@ def test_the_capability_record_is_read_from_the_runtime(monkeypatch: pytest.Monk
         "CUDA": (False, True, "synchronize", staging),
         "METAL": (False, False, "synchronize", unknown),
         "CPU:2": (False, True, "hcq2-timeline", "on return"),
+        "CPU:3": (True, True, "hcq2-timeline", "on return"),
+        "METAL:1": (False, True, "synchronize", unknown),
+        "HALF": (False, False, "synchronize", unknown),
         "GPU": (False, False, "cl-event", queued),
         "ODD": (False, False, "synchronize", unknown),
     }
