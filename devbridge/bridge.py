@@ -77,9 +77,6 @@ def _flag(name: str, value: object) -> None:
         raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
 
 
-_COUNTS = {"copy_in": ("copies_in", "bytes_in"), "copy_out": ("copies_out", "bytes_out")}  # per kind of copy
-
-
 class Bridge:
     """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
     between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
@@ -199,8 +196,12 @@ class Bridge:
                 if not before or not sync:
                     token = None  # held back behind `before` (ORDER-1)
                     if not before:
-                        try:
-                            token = self._submit(kind, record.memory, device.offset, host, sync)
+                        raw = host.ring.raw(host)
+                        try:  # (`_submit`, inlined: this is the per-call path)
+                            if into_device:
+                                token = self._backend.copy_in(record.memory, device.offset, raw, sync=sync)
+                            else:
+                                token = self._backend.copy_out(raw, record.memory, device.offset, sync=sync)
                         except BackendError as e:
                             self._counts["copy_failures"] += 1
                             if not into_device:  # a failed output range is never readable
@@ -208,9 +209,13 @@ class Bridge:
                                 host.ring.end_write(host, valid=False)
                             call = "host_to_device" if into_device else "device_to_host"
                             raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
-                    copies, nbytes = _COUNTS[kind]
-                    self._counts[copies] += 1
-                    self._counts[nbytes] += host.nbytes
+                    counts = self._counts
+                    if into_device:
+                        counts["copies_in"] += 1
+                        counts["bytes_in"] += host.nbytes
+                    else:
+                        counts["copies_out"] += 1
+                        counts["bytes_out"] += host.nbytes
                     # a synchronous copy here follows nothing: submitted, and done on return
                     if (status := OK if sync else self._first_status(token)) is OK:
                         # done already: one composite step, nothing in flight (H2D-2, D2H-2)

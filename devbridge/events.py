@@ -66,7 +66,9 @@ class Event:
     def wait(self, timeout: float | None = None) -> None:
         """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
         `timeout` seconds pass first (WAIT-1): the wait blocks on the backend, never spins."""
-        wait_done(self, deadline(timeout), timeout)
+        ends = deadline(timeout)
+        if not self._done:  # (done already, the common case: no call)
+            wait_done(self, ends, timeout)
         if self._error is not None:
             raise self._error
 
