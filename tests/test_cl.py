@@ -108,8 +108,9 @@ def h2d_2_holds(bridge: Bridge, busy: Busy) -> None:
     again = ring.reserve(N)  # the same bytes of the ring
     assert ring.raw(again) == ring.raw(src)
     ring.view(again)[:] = b"\x02" * N
-    got = read(bridge, outputs, DeviceRange(x, 0, N))
-    assert got == b"\x01" * N, f"H2D-2: the device read the host bytes after the upload returned ({got[:4]!r}...)"
+    got = np.frombuffer(read(bridge, outputs, DeviceRange(x, 0, N)), np.uint8)
+    wrong = int(np.count_nonzero(got != 1))  # a count, not `bytes == bytes`: pytest's diff of 64 KiB takes minutes
+    assert wrong == 0, f"H2D-2: the device read the host bytes after the upload returned ({wrong} of {N} bytes wrong)"
 
 
 @pytest.mark.holds("H2D-2")
@@ -303,11 +304,12 @@ def test_the_demo_on_cl_delivers_every_object_once_with_computes_overlapping_upl
 ) -> None:
     """Every run delivers each object exactly once. Computes overlapping an upload come from real
     concurrency on the queue, so how many depends on the machine's load (a loaded CI machine
-    once had none in 300 objects: the producer thread, starved, fed one object at a time): at
-    least one of up to three runs must have some."""
+    once had none in 300 objects: the producer thread, starved, fed one object at a time; an idle
+    one has about one in 300, and none in about a third of the runs): at least one of up to ten
+    runs must have some, and the first that does ends the test."""
     extra = ("--faults", "0.05", "--restart-every", "50") if faulty else ()
-    overlapped = []
-    while len(overlapped) < 3 and not any(overlapped):
+    overlapped: list[int] = []
+    while len(overlapped) < 10 and not any(overlapped):
         run = run_demo(tmp_path, "--device", "CL", "--objects", "300", *extra)
         assert run.returncode == 0, run.stderr
         got = summary(run.stdout)
