@@ -182,12 +182,14 @@ class FakeBackend:
             self._live = [e for e in self._live if e.pending]
             return list(self._live)
 
-    def complete(self, event: Any) -> None:
+    def complete(self, event: Any, *, report: bool = True) -> None:
         """Complete one pending event (a FakeEvent, its id, or a Bridge event); in order, the
-        events ahead of it first."""
+        events ahead of it first. `report=False`: no listener hears of it (a device marker
+        that cannot report): the Bridge finds it done when it queries."""
         ev = self._resolve(event)
-        self._run_ahead(ev)
-        self._finish(ev, None)
+        report = _bool_arg("report", report)
+        self._run_ahead(ev, notify=report)
+        self._finish(ev, None, notify=report)
 
     def fail(self, event: Any, message: str = "injected failure") -> None:
         """Fail one pending event: its data never moves (in order, the events ahead end first)."""

@@ -4,16 +4,16 @@ Every public call follows one pattern: validate everything (types, ranges,
 the core's `check`, the ring's checks) without changing anything, then make
 the backend call, then record what happened in the core and the ring. So a
 rejected call changes nothing and makes no backend call, and a backend
-failure at submission changes nothing either. Completions, from `poll`, an
-event's `done`/`wait`, or a backend callback on any thread, go through
-`_finish`, the one place where host bytes are released, output becomes
-valid, and deferred frees reach the backend.
+failure at submission changes nothing either.
 
-Ordering (ORDER-1): conflicting uses of the same device bytes take effect
-in issue order. The core says which uses in flight a new one must follow;
-an asynchronous copy with predecessors is held back (no backend call yet)
-and `_launch`ed when the last of them ends, a synchronous copy and compute()
-wait for them first (without the lock, blocking on the backend).
+The core decides, the Bridge executes: what to do with a new use (submit,
+hold, wait: the core's `plan`, ORDER-1), when a use ends (exactly once, its
+`settle`), which held uses launch then, and what `poll` and a backend's
+completion callback settle are the core's orchestration, run with `_Execution`
+as its executor: it queries and submits on the backend, applies a use's end
+(host bytes released, output valid, deferred frees to the backend) and
+settles the event. A synchronous copy or compute() that must follow earlier
+uses waits for them without the lock, blocking on the backend.
 
 Nothing a caller hands in is trusted: a handle is resolved to the bridge's
 own record (HANDLE-1), and only the record's extent, spec and memory are
@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -44,14 +44,13 @@ from devbridge.errors import (
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
-    OrderingError,
     RangeError,
     WaitTimeoutError,
     short,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
 from devbridge.ring import HostRange
-from devbridge.statemachine.core import Allocation, Effects, InFlight, LifecycleCore
+from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -96,13 +95,10 @@ class Bridge:
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
-        self._link = Link(self._refresh, self._wait_backend, self._closed)  # what its events may ask of it
-        self._launchable: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
-        self._launching = False
+        self._link = Link(self._refresh, self._wait_backend, self._entered, self._closed)  # what its events ask
+        self._run = _Execution(self)  # the core's orchestration runs on the backend through it
         self._progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
         self._completions = 0  # completions reported or applied so far (under _progress)
-        self._views_gone: deque[int] = deque()  # use ids of collected views (appended by GC)
-        self._completed: deque[object] = deque()  # tokens the backend finished (appended on any thread)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         try:
@@ -192,8 +188,10 @@ class Bridge:
                 else:
                     host.ring.check_dest(host)
                 span = (device.offset, device.offset + device.nbytes)
-                before = self._core.conflicts(kind, [key], span) if record.accesses else []
-                if not before or not sync:
+                # (nothing in flight on the allocation: nothing to follow, the per-call path)
+                plan = self._core.plan(kind, [key], span, sync) if record.accesses else SUBMIT
+                if plan.blocker is None:
+                    before = plan.before
                     token = None  # held back behind `before` (ORDER-1)
                     if not before:
                         raw = host.ring.raw(host)
@@ -231,7 +229,7 @@ class Bridge:
                     else:
                         host.ring.begin_write(host)
                     return self._submitted(use, CopyEvent(self._link, use.id, token, src, dst), status)
-                blocker = self._blocker(before)
+                blocker = plan.blocker.event
             self._wait_for(blocker)
 
     def _submit(self, kind: str, memory: object, offset: int, host: HostRange, sync: bool) -> object:
@@ -252,19 +250,19 @@ class Bridge:
                 resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
                 keys = list(resolved)
                 self._core.check(keys, "compute_begin")
-                if not (before := self._core.conflicts("compute", keys)):
+                if (plan := self._core.plan("compute", keys)).blocker is None:
                     memories = [record.memory for record in resolved.values() if record is not None]
                     try:
                         token = self._backend.compute(memories)
                     except BackendError as e:
                         self._counts["compute_failures"] += 1
                         raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
-                    use = self._core.begin("compute", keys, before=before)
+                    use = self._core.begin("compute", keys, before=[])
                     self._counts["computes"] += 1
                     event = ComputeEvent(self._link, use.id, token, tuple(handles))
                     self._track(use, event)
                     return event
-                blocker = self._blocker(before)
+                blocker = plan.blocker.event
             self._wait_for(blocker)
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
@@ -304,7 +302,7 @@ class Bridge:
                 raise InvalidViewError("VIEW-1", f"backend could not view {spec.name}: {e}") from e
             use = self._core.begin("view", [key])
             # in use while any tinygrad object can reach the memory, not just this Tensor (VIEW-3)
-            weakref.finalize(anchor, self._views_gone.append, use.id)
+            weakref.finalize(anchor, self._core.view_gone, use.id)
             self._counts["views"] += 1
             return tensor
 
@@ -314,14 +312,7 @@ class Bridge:
         """Process every use the backend has finished; how many were processed. Then report
         deferred backend frees that failed since the last poll (DeviceFreeError, FREE-3)."""
         with self._lock:
-            finished = self._drain()
-            for use in list(self._core.inflight()):
-                # one that ended meanwhile (a held use launched by an earlier finish, done at once) is skipped
-                if (event := use.event) is not None and self._live(event) and self._ready(event):
-                    status = self._query(event.backend_token)
-                    if status.done:
-                        self._finish(event, status)
-                        finished += 1
+            finished = self._core.poll(self._run)
             self._warn_long_waits()
             if self._release_failures:
                 failures, self._release_failures = self._release_failures, []
@@ -501,24 +492,6 @@ class Bridge:
         """Whether the event's use has not ended."""
         return self._core.use(event.use_id) is not None
 
-    def _ready(self, event: Event) -> bool:
-        """Whether the backend can say the event is done: submitted, and not an open compute."""
-        return event.backend_token is not None and not (isinstance(event, ComputeEvent) and event.open)
-
-    def _blocker(self, before: list[InFlight]) -> Event:
-        """The event to wait for so that uses `before` make progress: the oldest of them and their
-        own predecessors (it follows nothing, so it is on the backend). ORDER-2 if any of them is
-        an open compute event, which cannot end while the caller waits."""
-        chain = self._core.closure(before)
-        for use in chain:
-            event = use.event
-            if isinstance(event, ComputeEvent) and event.open:
-                raise OrderingError(
-                    "ORDER-2", f"this call must follow {event!r}, whose `with` block is open: it would wait forever"
-                )
-        first: Event = chain[0].event
-        return first
-
     def _wait_for(self, event: Event) -> None:
         """Block, without the lock, until `event` (a use a call must follow) is done."""
         with self._lock:
@@ -526,41 +499,17 @@ class Bridge:
         self._wait_backend(event, None)
         self._refresh(event)
 
-    def _launch(self, use: InFlight) -> None:
-        """Submit a held-back copy whose predecessors have all ended (asynchronously: this may run
-        on a device thread). A use a restart made stale is aborted instead; a backend refusal
-        fails it. Either way its own followers are launched in turn."""
-        event: Event = use.event
-        if use.generation != self._core.generation:
-            self._finish(event, Status(True, "aborted by a restart before it was submitted"))
-            return
-        record, host = self._core.allocation(use.allocations[0]), use.host
-        assert record is not None and use.span is not None, "a held use keeps its allocation's record"
-        try:
-            token = self._submit(use.kind, record.memory, use.span[0], host, False)
-        except BackendError as e:
-            self._finish(event, Status(True, f"submitting it once its predecessors ended failed: {e}"))
-            return
-        event.backend_token = token
-        self._core.submitted(use, token)
-        self._refresh(event)
-
-    def _launch_ready(self) -> None:
-        """Launch the held uses that became ready, in issue order; one loop however long the
-        chain (a launch that fails or aborts makes its followers ready in turn)."""
-        if self._launching:
-            return
-        self._launching = True
-        try:
-            while self._launchable:
-                self._launch(self._launchable.popleft())
-        finally:
-            self._launching = False
+    def _entered(self, event: ComputeEvent) -> None:
+        """A `with compute(...)` block began: the compute cannot end before the block does."""
+        with self._lock:
+            if (use := self._core.use(event.use_id)) is not None:
+                use.open = True
 
     def _closed(self, event: ComputeEvent) -> None:
         """A `with compute(...)` block exited: the marker must cover the work it queued."""
         with self._lock:
-            if self._live(event):
+            if (use := self._core.use(event.use_id)) is not None:
+                use.open = False
                 try:
                     self._backend.extend(event.backend_token)
                 except BackendError as e:
@@ -568,22 +517,10 @@ class Bridge:
             self._refresh(event)
 
     def _refresh(self, event: Event) -> None:
-        """Finish `event` if the backend is done with it; a held event first refreshes the
-        submitted uses it follows (their end may launch it)."""
+        """Settle `event` if the backend is done with it (a held one: first what it follows)."""
         with self._lock:
-            if (use := self._core.use(event.use_id)) is None:
-                return
-            if event.backend_token is None:
-                for before in self._core.closure([use]):
-                    if before.id != use.id and before.event is not None:
-                        self._refresh_submitted(before.event)
-            self._refresh_submitted(event)
-
-    def _refresh_submitted(self, event: Event) -> None:
-        if self._live(event) and self._ready(event):
-            status = self._query(event.backend_token)
-            if status.done:
-                self._finish(event, status)
+            if (use := self._core.use(event.use_id)) is not None:
+                self._core.refresh(use, self._run)
 
     def _query(self, token: object) -> Status:
         """The backend's status of an event's token; a failed query settles it as failed (the
@@ -599,7 +536,7 @@ class Bridge:
             if (use := self._core.use(event.use_id)) is None:
                 return
             if event.backend_token is None:
-                event = self._blocker([use])
+                event = self._core.blocker([use]).event
         try:
             self._backend.wait(event.backend_token, timeout)  # without the lock: may block
         except BackendError as e:
@@ -633,32 +570,19 @@ class Bridge:
         must not wait for a caller that may be waiting for that thread (a synchronous copy
         ordered after queued ones). When the lock is busy, the next call applies it; done(),
         wait() and poll() also query the backend themselves, so nothing waits on this."""
-        self._completed.append(token)
-        self._notify_progress()  # a waiter in wait_any looks again (it queries the backend itself)
         if self._lock.acquire(blocking=False):
             try:
-                self._drain()
+                self._core.reported(token, self._run)
             finally:
                 self._lock.release()
+        else:
+            self._core.reported(token, None)  # the lock's holder, or the next call, applies it
+        self._notify_progress()  # a waiter in wait_any looks again (it queries the backend itself)
 
     def _finish(self, event: Event, status: Status) -> None:
-        """The one place a use ends. The event is settled whatever happens here; then the held
-        uses that followed only it are launched (their events settle after this one)."""
-        error: BridgeError | None = None
-        try:
-            effects = self._core.end(event.use_id, ok=status.error is None)
-            self._apply(effects)
-            error = self._error(effects, status)
-            if effects.ready:
-                self._launchable.extend(effects.ready)
-        except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
-            error = e
-            raise
-        finally:
-            Link.settle(event, error)
-            self._notify_progress()
-        if self._launchable:
-            self._launch_ready()
+        """End the event's use with `status` (the core's `settle`: once, whatever calls it)."""
+        if (use := self._core.use(event.use_id)) is not None:
+            self._core.settle(use, status, self._run)
 
     def _apply(self, effects: Effects) -> None:
         use = effects.use
@@ -682,19 +606,8 @@ class Bridge:
         return self._core.failure(kind, f"{kind} #{effects.use.id} failed: {status.error}")
 
     def _drain(self) -> int:
-        """Apply what arrived while no call ran: views collected, tokens the backend finished.
-        How many uses that ended."""
-        drained = 0
-        while self._views_gone:
-            self._apply(self._core.end(self._views_gone.popleft(), ok=True))
-            drained += 1
-        while self._completed:
-            token = self._completed.popleft()
-            if (use := self._core.submitted_use(token)) is not None:
-                event = use.event
-                self._refresh(event)
-                drained += not self._live(event)
-        return drained
+        """Apply what arrived while no call ran (the core's `drain`); how many uses ended."""
+        return self._core.drain(self._run)
 
     def _warn_long_waits(self) -> None:
         """Log, once each, deferred releases waiting longer than `pending_warning_s` (PIN-1):
@@ -718,3 +631,42 @@ class Bridge:
             return f"releasing allocation #{record.id} (generation {record.generation}) failed: {e}"
         self._counts["backend_frees"] += 1
         return None
+
+
+class _Execution:
+    """The core's executor for one Bridge: the backend calls and the Bridge's own effects that
+    the core's orchestration (settle, launch, poll, drain) asks for."""
+
+    __slots__ = ("bridge",)
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+
+    def query(self, use: InFlight) -> Status:
+        return self.bridge._query(use.token)
+
+    def launch(self, use: InFlight) -> Status | None:
+        bridge = self.bridge
+        record = bridge._core.allocation(use.allocations[0])
+        assert record is not None and use.span is not None, "a held use keeps its allocation's record"
+        try:
+            token = bridge._submit(use.kind, record.memory, use.span[0], use.host, False)
+        except BackendError as e:
+            return Status(True, f"submitting it once its predecessors ended failed: {e}")
+        use.event.backend_token = token
+        bridge._core.submitted(use, token)
+        return None
+
+    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
+        """Apply the use's end, then settle its event whatever happens here (a view has none)."""
+        bridge = self.bridge
+        error = effects if isinstance(effects, BridgeError) else None
+        try:
+            if error is None:
+                assert isinstance(effects, Effects)
+                bridge._apply(effects)
+                error = bridge._error(effects, status)
+        finally:
+            if use.event is not None:
+                Link.settle(use.event, error)
+            bridge._notify_progress()

@@ -18,16 +18,18 @@ class Link:
     what the backend finished, block on the backend, close a compute's block) and settles
     events through it; an event holds its bridge's Link, which also says whose event it is."""
 
-    __slots__ = ("block", "close", "refresh")
+    __slots__ = ("block", "close", "enter", "refresh")
 
     def __init__(
         self,
         refresh: Callable[[Event], None],
         block: Callable[[Event, float | None], None],
+        enter: Callable[[ComputeEvent], None],
         close: Callable[[ComputeEvent], None],
     ) -> None:
         self.refresh = refresh  # apply what the backend finished for this event (and what it follows)
         self.block = block  # block on the backend until it may have finished, or the timeout passes
+        self.enter = enter  # a compute's block begins: it cannot end before the block does
         self.close = close  # a compute's block is over: its work is all enqueued
 
     def owns(self, event: object) -> bool:
@@ -126,6 +128,7 @@ class ComputeEvent(Event):
 
     def __enter__(self) -> ComputeEvent:
         self.open = True
+        self._link.enter(self)
         return self
 
     def __exit__(

@@ -174,8 +174,11 @@ def enabled(s: Lockstep, bound: Bound, faults_used: int) -> list[Action]:
     actions.append(("oob", 0))
     if m.generation < bound.restarts:
         actions += [("restart", f) for f in can_fail]  # a failing free: the first one it releases, or later
+    held = any(not u.submitted for u in m.uses.values())
     for use in s.submitted():  # held-back uses are the bridge's to submit (ORDER-1)
         actions += [("complete", use, f) for f in can_fail]
+        if not s.fake.in_order:  # reported while the lock is busy; found by a poll (its launches run at once)
+            actions += [("busy", use)] + ([("found", use)] if held else [])
         if faults_used < bound.faults:
             actions += [("query", use), ("wait", use, True)]  # the backend's query / wait fails: the event fails
     for use in sorted(s.pending):
@@ -233,6 +236,10 @@ def apply(s: Lockstep, action: Action) -> None:
         s.drop(action[1])
     elif kind == "complete":
         s.complete(action[1], action[2])
+    elif kind == "busy":
+        s.complete_while_busy(action[1])
+    elif kind == "found":
+        s.poll_finds(action[1])
     elif kind == "query":
         s.query_fails(action[1], via_poll=False)
     elif kind == "wait":

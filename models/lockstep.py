@@ -25,8 +25,10 @@ written beside it by hand.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from devbridge.backends.fake import FakeBackend, FakeEvent, FakeViolation
@@ -47,7 +49,7 @@ CHECKS = frozenset(
     {
         "raised", "event", "pending", "held", "submitted", "states", "frees", "cursor", "release-status",
         "host-view", "host-bytes", "readonly", "device-bytes", "pins", "poll", "leak", "unchanged", "use-id",
-        "alloc", "reserve",
+        "alloc", "reserve", "once", "completion",
     }
 )  # fmt: skip
 
@@ -59,7 +61,8 @@ class Disagreement(AssertionError):
     `raised` (a call the model says succeeds raised), `event` (an event's end), `pending`,
     `held`, `submitted` (uses in flight), `states`, `frees`, `cursor`, `release-status`,
     `host-view`, `host-bytes`, `readonly`, `device-bytes`, `pins`, `poll`, `leak`, `unchanged`
-    (a refused call changed something), `use-id`, `alloc`, `reserve`."""
+    (a refused call changed something), `use-id`, `alloc`, `reserve`, `once` (a use ended
+    twice), `completion` (a reported completion not applied by the next call)."""
 
     def __init__(self, check: str, detail: str) -> None:
         assert check in CHECKS or check.partition(":")[0] in ("refused", "error"), check
@@ -77,6 +80,27 @@ def queue_position(event: Event) -> int:
     token = event.backend_token
     assert isinstance(token, FakeEvent)
     return token.id
+
+
+@contextmanager
+def lock_held_elsewhere(bridge: Bridge) -> Iterator[None]:
+    """Another thread holds the bridge's lock for the block (as a call in flight there would):
+    what the backend reports meanwhile finds it busy."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with bridge._lock:
+            holding.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=hold, name="devbridge-lock-holder")
+    thread.start()
+    holding.wait(30)
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def agree(ok: bool, check: str, detail: str) -> None:
@@ -109,6 +133,7 @@ SCRIPT_HEADER = [
     "import pytest",
     "from devbridge import *",
     "from devbridge.backends.fake import FakeBackend",
+    "from devbridge.models.lockstep import lock_held_elsewhere",
     "",
     "",
     "def pins(bridge, h):",
@@ -559,6 +584,50 @@ class Lockstep:
         else:
             self.emit(f"fake.complete(e{use})")
             self.fake.complete(event)
+        self.settled(use, event, expected)
+
+    def complete_while_busy(self, use: int) -> None:
+        """The fake completes pending event `use` while another thread holds the bridge's lock:
+        the completion waits in the core's queue, and the next bridge call applies it (and
+        launches what it held back). Any-order queue only."""
+        event = self.pending.pop(use)
+        expected = self.model.finish(use)
+        self.emit("with lock_held_elsewhere(bridge):", f"    fake.complete(e{use})")
+        with lock_held_elsewhere(self.bridge):
+            self.fake.complete(event)
+        self.emit(f'assert bridge.stats()["inflight_uses"] == {len(self.model.uses)}  # the next call applied it')
+        in_flight = self.bridge.stats()["inflight_uses"]
+        agree(in_flight == len(self.model.uses), "completion",
+              f"after the next call {in_flight} uses are in flight, the model says {len(self.model.uses)}: "
+              f"a completion reported while the lock was busy was not applied")  # fmt: skip
+        self.settled(use, event, expected)
+
+    def poll_finds(self, use: int) -> None:
+        """The fake finishes pending event `use` without reporting it (a marker the Bridge must
+        query) and bridge.poll() finds it. The held copies its end launches finish at submission
+        (an idle device) as the poll runs, ending in turn: the poll must end each once, and
+        counts the one it found. Any-order queue only."""
+        event = self.pending.pop(use)
+        held = {u for u, x in self.model.uses.items() if not x.submitted}
+        expected = self.model.finish(use)
+        while launched := sorted(u for u in held if u in self.model.uses and self.model.uses[u].submitted):
+            for u in launched:  # (one armed to fail stays pending: it fails at completion)
+                held.discard(u)
+                if not self.model.uses[u].fails:
+                    self.model.finish(u)
+        self.emit(f"fake.complete(e{use}, report=False)", "fake.finish_at_once = True")
+        self.fake.complete(event, report=False)
+        self.fake.finish_at_once = True
+        try:
+            self.poll(1)
+        except Disagreement as e:
+            cause = e.__cause__
+            if isinstance(cause, BridgeError) and cause.rule == "EVENT-1":  # the core refused a second end
+                raise Disagreement("once", f"bridge.poll() ended a use twice: {cause}") from cause
+            raise
+        finally:
+            self.fake.finish_at_once = False
+        self.emit("fake.finish_at_once = False")
         self.settled(use, event, expected)
 
     def query_fails(self, use: int, via_poll: bool) -> None:

@@ -18,17 +18,29 @@ action applied, and the result taken as a value: no replay, and symmetric states
 exhaustive: every state the bound allows is reached.
 
 What drives the core and the ring is `Step`, the calls the Bridge makes on
-them for each API call, over a device that runs submitted uses and ends them
-in any order, successfully or not. `Step` keeps its own record of what it
-issued (uses in flight, which are submitted, which device buffers live) and
-checks the core's and the ring's answers against it and against the spec's
-data, never against their own view of themselves: the invariants (`INV-*`),
-ORDER-1 (no two conflicting uses on the device at once, none held without
-cause), the failures' rules, the host-byte rules and every refusal.
+them for each API call, over a model device that runs submitted uses and ends
+them in any order, successfully or not. The orchestration is the real one:
+`Step` is the core's `Executor`, as the Bridge's `_Execution` is, so what a
+new use does (`plan`), when a use ends (`settle`, exactly once), which held
+uses launch then and in what order, what `poll` and a completion reported
+while the lock is busy settle, all run the core's own code. The device's
+completions come every way they reach the Bridge: reported with the lock free,
+reported while it is busy (applied by the next call), found by a poll on a
+device that runs what the poll launches at once.
 
-Out of its scope: the Bridge's own code, the backend protocol, the events,
-tinygrad views and byte values. The lockstep checker and the stateful tests
-cover those (`tests/test_sansio.py` shows which seeded bugs each finds).
+`Step` keeps its own record of what it issued (uses in flight, which are
+submitted, which device buffers live, what the device finished) and checks
+the core's and the ring's answers against it and against the spec's data,
+never against their own view of themselves: the invariants (`INV-*`),
+ORDER-1 (no two conflicting uses on the device at once, none held without
+cause, none launched before what it follows ended), each use ended once
+(`once`), no finished use left in flight (`completion`), the failures'
+rules, the host-byte rules and every refusal.
+
+Out of its scope: the Bridge's own code around the core (argument checks,
+the backend protocol, the events, threads), tinygrad views and byte values.
+The lockstep checker and the stateful tests cover those (`tests/test_sansio.py`
+shows which seeded bugs each finds).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
+from devbridge.backends.base import PENDING, Status
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
 from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
@@ -46,7 +59,15 @@ from devbridge.ring import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine import default_table
-from devbridge.statemachine.core import USE_EVENTS, Allocation, CoreState, InFlight, InvariantViolation, LifecycleCore
+from devbridge.statemachine.core import (
+    USE_EVENTS,
+    Allocation,
+    CoreState,
+    Effects,
+    InFlight,
+    InvariantViolation,
+    LifecycleCore,
+)
 
 #: A state, canonical: (generation, faults injected so far, the ring's bookkeeping moved back
 #: by whole laps, the allocations sorted by what they are). Each allocation is (generations
@@ -81,15 +102,16 @@ CHECKS = frozenset(
     {
         "INV-NO-FREE-IN-USE", "INV-FREE-ONCE", "INV-COUNTS", "INV-CURSOR", "INV-OUTPUT", "INV-GENERATION",
         "INV-QUIESCENT", "ORDER-1", "H2D-2", "H2D-3", "COPY-F", "RING-2", "failure", "tracked", "states", "raised",
-        "unchanged",
+        "unchanged", "once", "completion",
     }
 )  # fmt: skip
 
 
 class Broken(AssertionError):
     """The core or the ring broke a check (`check`: an invariant, ORDER-1, a host-byte rule,
-    `failure` (the rule a use's end reports), `tracked` (the uses in flight), `raised`,
-    `unchanged`, or `refused:RULE`)."""
+    `failure` (the rule a use's end reports), `tracked` (the uses in flight), `once` (a use
+    ended or queried after its end), `completion` (a use the device finished left in flight),
+    `raised`, `unchanged`, or `refused:RULE`)."""
 
     def __init__(self, check: str, detail: str) -> None:
         assert check in CHECKS or check.startswith("refused:"), check
@@ -153,6 +175,11 @@ class Step:
         self.used: frozenset[int] = frozenset()  # allocations some use began on
         self.freed: frozenset[int] = frozenset()  # allocations the worker freed
         self.faults = 0
+        # the model device, within one action: what it finished (use id -> its status), and
+        # whether it runs a launched use at once (an idle device, found done by a poll)
+        self.done: dict[int, Status] = {}
+        self.instant = False
+        self.tokens: dict[int, object] = {}  # use id -> the token the device gave it (an object of its own)
         self._state: State | None = None  # the state last loaded, and what Step knows of it
         self.rows: CoreState = self.core.snapshot()  # the loaded state's core, as `snapshot` gives it
         self._known: tuple[dict[int, Use], frozenset[int], frozenset[int], frozenset[int], frozenset[int]] = (
@@ -174,11 +201,18 @@ class Step:
                 used,
                 freed,
             )
-        self.core.restore(self.rows)
+        core = self.core
+        core.restore(self.rows)
         self.ring.restore(state[2])
         self.faults = state[1]
         uses, self.submitted, self.live, self.used, self.freed = self._known
         self.uses = dict(uses)
+        self.tokens = {}
+        for u in self.submitted:  # a token is no part of the value: each submitted use gets one
+            use = core.use(u)
+            assert use is not None
+            core.submitted(use, self.token(u))
+        self.done, self.instant = {}, False
 
     def value(self, cursor: int | None = None) -> State:
         """The state, canonical (`State`): allocations in the order of what they are, their
@@ -277,11 +311,10 @@ class Step:
         self.core.check([key], "copy_begin")
         (self.ring.check_source if kind == "copy_in" else self.ring.check_dest)(r)
         dspan = (offset, offset + nbytes)
-        before = self.core.conflicts(kind, [key], dspan)
         sync = mode in ("sync", "sync_fails")
-        while sync and before:  # the Bridge waits for the oldest use of their chain, then asks again
-            self.wait(before)
-            before = self.core.conflicts(kind, [key], dspan)
+        while (plan := self.core.plan(kind, [key], dspan, sync)).blocker is not None:
+            self.wait(plan.blocker)  # the Bridge waits for the oldest use of their chain, then plans again
+        before = plan.before
         if not before and mode in ("sync_fails", "async_fails"):  # the backend refuses it: COPY-F
             self.faults += 1
             if kind == "copy_out":
@@ -306,13 +339,13 @@ class Step:
             self.submit(use.id)
             if mode == "lost":  # its first query fails: settled as failed at once
                 self.faults += 1
-                self.finish(use.id, ok=False)
+                self.core.settle(use, Status(True, "querying the backend failed"), self)
 
     def compute(self, alloc: int, fails: bool) -> None:
         key = self.key(alloc)
         self.core.check([key], "compute_begin")
-        while before := self.core.conflicts("compute", [key]):
-            self.wait(before)
+        while (plan := self.core.plan("compute", [key])).blocker is not None:
+            self.wait(plan.blocker)
         if fails:  # the backend refuses it: COMPUTE-F, nothing recorded
             self.faults += 1
             return
@@ -376,44 +409,105 @@ class Step:
     # ------------------------------------------------------------ the device
 
     def submit(self, use_id: int) -> None:
+        """The device takes a use and gives it a token."""
         use = self.uses[use_id]
         record = self.core.allocation(use.alloc)
         if record is None or not record.generation == use.generation == self.core.generation:
             raise Broken("INV-GENERATION", f"use #{use_id} submitted on memory of an older generation")
         self.submitted |= {use_id}
+        inflight = self.core.use(use_id)
+        assert inflight is not None
+        self.core.submitted(inflight, self.token(use_id))
 
-    def wait(self, before: list[Any]) -> None:
+    def token(self, use_id: int) -> object:
+        token = self.tokens[use_id] = [use_id]  # compared by identity, as a backend's are
+        return token
+
+    def wait(self, blocker: InFlight) -> None:
         """A blocking call waits for the oldest use of the chain it must follow: on the device
-        (it cannot be held, or the wait would never end), and it ends well."""
-        oldest = self.core.closure(before)[0].id
-        if oldest not in self.submitted:
-            raise Broken("ORDER-1", f"waiting for use #{oldest}, which is held: forever")
-        self.finish(oldest, ok=True)
+        (it cannot be held, or the wait would never end), and it ends well; then the Bridge's
+        `_refresh` of it (the core settles it)."""
+        if blocker.id not in self.submitted:
+            raise Broken("ORDER-1", f"waiting for use #{blocker.id}, which is held: forever")
+        self.done[blocker.id] = Status(True)
+        self.core.refresh(blocker, self)
+        self.settled()
 
-    def finish(self, use_id: int, ok: bool) -> None:
-        """The device (or a collected view) ends a use: the Bridge's `_finish` and `_apply`,
-        then the held uses it made ready are launched (or aborted, after a restart)."""
-        use = self.uses.pop(use_id)
-        self.submitted -= {use_id}
-        effects = self.core.end(use_id, ok)
-        aborted = use.generation != self.core.generation
-        expected = FAILURE_RULES["aborted"] if aborted else None if ok else FAILURE_RULES[use.kind]
+    def settled(self) -> None:
+        """Nothing the device finished is left in flight (the core settled each)."""
+        if left := [u for u in self.done if u in self.uses]:
+            raise Broken("completion", f"uses {left} finished on the device are still in flight")
+        self.done.clear()
+
+    # ------------------------------------------------------------ the core's executor
+
+    def query(self, use: InFlight) -> Status:
+        if use.id not in self.uses:
+            raise Broken("once", f"use #{use.id} queried after it ended")
+        if use.id not in self.submitted:
+            raise Broken("ORDER-1", f"use #{use.id} queried while held back")
+        return self.done.get(use.id, PENDING)
+
+    def launch(self, use: InFlight) -> Status | None:
+        """A held use the core launches: every earlier use it conflicts with has ended."""
+        u = use.id
+        if (mine := self.uses.get(u)) is None:
+            raise Broken("once", f"use #{u} launched after it ended")
+        if u in self.submitted:
+            raise Broken("once", f"use #{u} launched twice")
+        if early := [v for v, w in self.uses.items() if v < u and w.alloc == mine.alloc and conflict(w, mine)]:
+            raise Broken("ORDER-1", f"use #{u} launched before the uses {early} it follows ended")
+        self.submit(u)
+        if self.instant:
+            self.done[u] = Status(True)
+        return None
+
+    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
+        """The Bridge's `_apply`: host bytes and device frees, checked against the record."""
+        if isinstance(effects, BridgeError):
+            return  # the core raises it
+        u = use.id
+        if (mine := self.uses.pop(u, None)) is None:
+            raise Broken("once", f"use #{u} ended twice")
+        self.submitted -= {u}
+        ok = status.error is None
+        aborted = mine.generation != self.core.generation
+        expected = FAILURE_RULES["aborted"] if aborted else None if ok else FAILURE_RULES[mine.kind]
         if effects.error_rule != expected:
-            raise Broken("failure", f"use #{use_id} reported {effects.error_rule}, not {expected}")
-        if use.host is not None:
-            r = self.host(*use.host)
-            if use.kind == "copy_in":
+            raise Broken("failure", f"use #{u} reported {effects.error_rule}, not {expected}")
+        if mine.host is not None:
+            r = self.host(*mine.host)
+            if mine.kind == "copy_in":
                 self.ring.end_read(r, release=effects.host_ok)
             else:
                 self.ring.end_write(r, valid=effects.host_ok)
-            self.expect_host(use.kind, r, ok=expected is None)
+            self.expect_host(mine.kind, r, ok=expected is None)
         for record in effects.release:
             self.release_device(record.memory)
-        for ready in effects.ready:
-            if ready.generation != self.core.generation:
-                self.finish(ready.id, ok=False)
-            else:
-                self.submit(ready.id)
+
+    # ------------------------------------------------------------ how completions arrive
+
+    def complete(self, use_id: int, ok: bool, how: str) -> None:
+        """The device finishes a submitted use, and the Bridge learns it: `report`ed with the
+        lock free (applied at once), `busy` (reported while another call holds the lock: the
+        next call's drain applies it), or `poll`ed (not reported; the device runs what the
+        poll launches at once)."""
+        use = self.core.use(use_id)
+        assert use is not None
+        self.done[use_id] = Status(True, None if ok else "the device failed it")
+        token = self.tokens[use_id]
+        if how == "report":
+            self.core.reported(token, self)
+        elif how == "busy":
+            self.core.reported(token, None)
+            self.core.drain(self)  # the next call, first thing
+        else:
+            self.instant = True
+            try:
+                self.core.poll(self)
+            finally:
+                self.instant = False
+        self.settled()
 
     def release_device(self, memory: object) -> None:
         """The Bridge frees an allocation's device buffer (its memory here is its id)."""
@@ -516,9 +610,12 @@ class Step:
         elif kind == "end":
             if not action[2]:
                 self.faults += 1
-            self.finish(action[1], action[2])
-        elif kind == "drop":
-            self.finish(action[1], True)
+            self.complete(action[1], action[2], action[3])
+        elif kind == "drop":  # the view's tensor is collected; the next call drains it
+            self.core.view_gone(action[1])
+            self.core.drain(self)
+            if action[1] in self.uses:
+                raise Broken("completion", f"view #{action[1]} is still in flight after it was collected")
         elif kind == "restart":
             self.restart()
         elif kind == "release":
@@ -626,13 +723,17 @@ def enabled(state: State, core: CoreState, bound: Bound) -> list[Action]:
     actions += [("full", n) for n in sorted(full)]
     for g in (generation, generation - 1) if generation else (generation,):  # a freed handle, a stale one
         actions += [("refuse", (DEAD, g), event, rule) for event, rule in refusals(dead_state(g, generation), 0, 0)]
+    followed = {earlier for u in uses if u[7] for earlier in u[7]}
     for uid, kind, _, _, _, _, _, after in uses:
         if kind == "view":
             actions.append(("drop", uid))
         elif not after:
-            actions.append(("end", uid, True))
+            actions.append(("end", uid, True, "report"))
+            actions.append(("end", uid, True, "busy"))
+            if uid in followed:  # a poll differs from a report only in what its launches do
+                actions.append(("end", uid, True, "poll"))
             if can_fail:
-                actions.append(("end", uid, False))
+                actions.append(("end", uid, False, "report"))
     if generation < bound.restarts:
         actions.append(("restart",))
     actions += [("release", s, e) for s, e in zip(starts, ends, strict=True)]

@@ -9,19 +9,29 @@ Bridge serialises calls.
 
 Ordering (ORDER-1): every use that reads or writes device bytes is listed on
 the allocations it touches; a new use follows each earlier one in flight it
-conflicts with (a hazard of the spec's table over overlapping bytes). A use
-with predecessors is held back (`InFlight.after`); `end` reports the held
-uses its end made ready, in issue order, for the Bridge to submit.
+conflicts with (a hazard of the spec's table over overlapping bytes). `plan`
+says what to do with a new use: submit it, hold it behind the uses it
+follows, or wait for one of them first (ORDER-2 refuses a wait that could
+never end).
+
+Orchestration: the core also decides what happens as uses end. `settle` ends a
+use exactly once, whatever order completions, launches and polls come in; the
+held uses its end made ready are launched in issue order (`launch_ready`, one
+loop however long the chain); `poll`, `refresh` and `drain` settle what the
+device finished. Each takes an `Executor`, which does the I/O: the Bridge over
+a backend, the sans-I/O checker over a model device. Both run this same code.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
-from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError
+from devbridge.backends.base import Status
+from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError, OrderingError
 from devbridge.spec import Lifecycle, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, compile_table, default_table
@@ -75,6 +85,40 @@ class InFlight:
     followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
     event: Any = None  # the Bridge's event for it (None: a view); opaque here
     token: Any = None  # the backend's token once submitted (None while held back); opaque here
+    open: bool = False  # a compute whose `with` block is open: it cannot end before the block does
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with a new use (ORDER-1): `submit` it now; `hold` it behind `before` (an
+    asynchronous copy: submitted when the last of them ends); or `wait` for `blocker` first, the
+    oldest use of their chain (it follows nothing, so it is on the device), then plan again."""
+
+    action: str
+    before: list[InFlight] = field(default_factory=list)
+    blocker: InFlight | None = None
+
+
+SUBMIT = Plan("submit")
+OK_STATUS = Status(True)
+#: How a held use a restart made stale ends, never submitted.
+ABORTED = Status(True, "aborted by a restart before it was submitted")
+
+
+class Executor(Protocol):
+    """What the core's orchestration asks of whoever runs the uses (the Bridge over a backend,
+    the sans-I/O checker over a model device)."""
+
+    def query(self, use: InFlight) -> Status:
+        """The submitted use's status now (a failed query: done, with an error). Never blocks."""
+
+    def launch(self, use: InFlight) -> Status | None:
+        """Submit a held use whose predecessors all ended, and record its token (`submitted`);
+        None, or the failure status when the backend refused it."""
+
+    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
+        """Carry out the use's end (`effects`; or the bookkeeping error that stopped them) and
+        settle its event with `status`."""
 
 
 #: `LifecycleCore.snapshot()`: (generation, next allocation id, next use id, records, uses).
@@ -172,6 +216,12 @@ class LifecycleCore:
         #: waiting for uses to end), and the ones already reported as waiting too long
         self._waiting: dict[int, float] = {}
         self._warned: set[int] = set()
+        self._ready: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
+        self._launching = False  # a launch_ready loop is running (further calls leave it the work)
+        #: tokens the backend reported finished and collected views' use ids, appended on any
+        #: thread (deque appends are atomic) and applied by the next `drain`
+        self._reported: deque[object] = deque()
+        self._views_gone: deque[int] = deque()
         self._next_allocation = 0
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
@@ -262,6 +312,30 @@ class LifecycleCore:
                     seen[before] = use
                     todo.append(use)
         return [seen[k] for k in sorted(seen)]
+
+    def plan(
+        self, kind: str, handles: Sequence[tuple[int, int]], span: tuple[int, int] | None = None, sync: bool = True
+    ) -> Plan:
+        """What to do with a new use of `kind` on `handles` (checked already): `SUBMIT` when it
+        follows nothing in flight; else hold it (asynchronous) or wait (ORDER-1). ORDER-2 when
+        the wait would be for an open compute, which cannot end while the caller waits."""
+        before = self.conflicts(kind, handles, span)
+        if not before:
+            return SUBMIT
+        return Plan("hold", before) if not sync else Plan("wait", before, self.blocker(before))
+
+    def blocker(self, uses: Sequence[InFlight]) -> InFlight:
+        """The use to wait for so that `uses` make progress: the oldest of them and their own
+        predecessors (it follows nothing, so it is on the device). ORDER-2 if any of them is an
+        open compute, which cannot end while the caller waits."""
+        chain = self.closure(uses)
+        for use in chain:
+            if use.open:
+                raise OrderingError(
+                    "ORDER-2",
+                    f"this call must follow {use.event!r}, whose `with` block is open: it would wait forever",
+                )
+        return chain[0]
 
     # ------------------------------------------------------------ decisions
 
@@ -426,6 +500,100 @@ class LifecycleCore:
             self._waiting.setdefault(record.id, now)
         return release
 
+    # ------------------------------------------------------------ orchestration
+
+    def settle(self, use: InFlight, status: Status, run: Executor) -> bool:
+        """The one place a use ends, exactly once: False when it ended already (a poll that
+        reaches a use an earlier settle launched and the device ended at once). The held uses
+        its end made ready are launched after its event is settled."""
+        if self.ended(use):
+            return False
+        try:
+            effects = self.end(use.id, ok=status.error is None)
+        except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
+            run.ended(use, e, status)
+            raise
+        if effects.ready:
+            self._ready.extend(effects.ready)
+        run.ended(use, effects, status)
+        if self._ready:
+            self.launch_ready(run)
+        return True
+
+    def ended(self, use: InFlight) -> bool:
+        """Whether `use` is no longer in flight."""
+        return self._inflight.get(use.id) is not use
+
+    def launch_ready(self, run: Executor) -> None:
+        """Launch the held uses made ready, in issue order; one loop however long the chain (a
+        launch that fails, aborts or ends at once makes its followers ready in turn, for this
+        same loop). A use a restart made stale is aborted, never submitted."""
+        if self._launching:
+            return
+        self._launching = True
+        try:
+            while self._ready:
+                use = self._ready.popleft()
+                if use.generation != self.generation:
+                    self.settle(use, ABORTED, run)
+                elif (failure := run.launch(use)) is not None:
+                    self.settle(use, failure, run)
+                else:
+                    self.settle_if_done(use, run)
+        finally:
+            self._launching = False
+
+    def settle_if_done(self, use: InFlight, run: Executor) -> bool:
+        """Settle a submitted use the executor reports done (an open compute cannot be done)."""
+        if use.token is None or use.open or self.ended(use):
+            return False
+        status = run.query(use)
+        return status.done and self.settle(use, status, run)
+
+    def refresh(self, use: InFlight, run: Executor) -> None:
+        """Settle `use` if it is done; a held one first settles what it follows, whose end may
+        launch it."""
+        if self.ended(use):
+            return
+        if use.token is None:
+            for before in self.closure([use]):
+                if before is not use:
+                    self.settle_if_done(before, run)
+        self.settle_if_done(use, run)
+
+    def poll(self, run: Executor) -> int:
+        """Settle every use the executor reports done; how many ended (the drained ones too)."""
+        finished = self.drain(run)
+        for use in list(self._inflight.values()):  # settling may launch (and end) later ones
+            finished += self.settle_if_done(use, run)
+        return finished
+
+    def reported(self, token: object, run: Executor | None) -> None:
+        """The backend finished `token` (on any thread). With `run`, the caller holds the
+        Bridge's lock and it is applied now; without (the lock is busy), the next `drain` does."""
+        self._reported.append(token)
+        if run is not None:
+            self.drain(run)
+
+    def view_gone(self, use_id: int) -> None:
+        """A view's anchor was collected (on any thread): the next `drain` ends its use."""
+        self._views_gone.append(use_id)
+
+    def drain(self, run: Executor) -> int:
+        """Apply what arrived while no call ran: views collected, tokens the backend finished.
+        How many uses ended."""
+        drained = 0
+        views, reported = self._views_gone, self._reported
+        while views:
+            use = self._inflight.get(views.popleft())
+            drained += use is not None and self.settle(use, OK_STATUS, run)
+        while reported:
+            token = reported.popleft()
+            if (use := self.submitted_use(token)) is not None:
+                self.refresh(use, run)
+                drained += self.ended(use)
+        return drained
+
     # ------------------------------------------------------------ the state as a value
 
     def snapshot(self) -> CoreState:
@@ -452,6 +620,7 @@ class LifecycleCore:
         in issue order, as `snapshot` gives them)."""
         self.generation, self._next_allocation, self._next_use, records, uses = state
         self._by_token, self._waiting = {}, {}  # neither is part of the value: no token, no clock
+        self._ready, self._reported, self._views_gone = deque(), deque(), deque()  # empty between calls
         self._allocations = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
         self._inflight = inflight = {}
         for uid, kind, allocations, host, generation, keep_host, span, after in uses:  # in issue order

@@ -321,3 +321,67 @@ def async_copy_failed_at_submission_taken_as_done() -> Iterator[None]:
 
     with mock.patch.object(Bridge, "_first_status", first_status):
         yield
+
+
+# ------------------------------------------------------------ the orchestration (the core's settle, launches, drain)
+
+
+@mutant("once", values="once")
+def use_settled_twice() -> Iterator[None]:
+    """The core forgets which uses ended: a poll's loop reaches a use that an earlier settle in the
+    same loop launched and the device ended at once, and ends it again (the first release's
+    `KeyError` out of `poll`)."""
+    with mock.patch.object(LifecycleCore, "ended", lambda self, use, *args, **kwargs: False):
+        yield
+
+
+@mutant("fake:order", values="ORDER-1")
+def held_use_launched_early() -> Iterator[None]:
+    """A held use is made ready when the first of the uses it follows ends, not the last: it
+    reaches the device while an earlier conflicting one still runs."""
+    original = LifecycleCore.end
+
+    def end(self: LifecycleCore, use_id: int, *args: Any, **kwargs: Any) -> Effects:
+        use = self.use(use_id)
+        followers = list(use.followers or ()) if use is not None else []
+        effects = original(self, use_id, *args, **kwargs)
+        early = tuple(f for f in followers if f.after and self.use(f.id) is f and f not in effects.ready)
+        return dataclasses.replace(effects, ready=effects.ready + early) if early else effects
+
+    with mock.patch.object(LifecycleCore, "end", end):
+        yield
+
+
+@mutant("completion", values="completion")
+def completion_lost_while_busy() -> Iterator[None]:
+    """A completion the backend reports while another call holds the lock is dropped instead of
+    queued for the next call: nothing settles the event until someone queries it."""
+    original = LifecycleCore.reported
+
+    def reported(self: LifecycleCore, token: object, run: Any, *args: Any, **kwargs: Any) -> None:
+        if run is not None:
+            original(self, token, run, *args, **kwargs)
+
+    with mock.patch.object(LifecycleCore, "reported", reported):
+        yield
+
+
+@mutant("fake:free-in-use", "fake:double-free", "fake:freed-buffer", "frees", values="INV-NO-FREE-IN-USE")
+def deferred_free_ignores_held_uses() -> Iterator[None]:
+    """A deferred free (or a restart's release) waits only for the uses on the device: when the
+    last of them ends, the memory is released though a held use, made ready by that end and not
+    launched yet, still names it."""
+    original = LifecycleCore.end
+
+    def end(self: LifecycleCore, use_id: int, *args: Any, **kwargs: Any) -> Effects:
+        effects = original(self, use_id, *args, **kwargs)
+        early = []
+        for alloc_id in effects.use.allocations:
+            record, users = self.allocation(alloc_id), self.dependents(alloc_id)
+            pending = record is not None and record.state.endswith("_pending")
+            if pending and users and all(u.token is None and u.kind != "view" for u in users):
+                early.append(record)
+        return dataclasses.replace(effects, release=effects.release + tuple(early)) if early else effects
+
+    with mock.patch.object(LifecycleCore, "end", end):
+        yield

@@ -428,6 +428,22 @@ class BridgeMachine(RuleBasedStateMachine):
         submitted = self.s.submitted()
         self.s.complete(submitted[i % len(submitted)], failed)
 
+    @precondition(lambda self: self.s.submitted() and not self.s.fake.in_order)
+    @rule(i=index)
+    def complete_while_busy(self, i: int) -> None:
+        """The backend reports a completion while another thread's call holds the bridge's lock:
+        the next call applies it."""
+        submitted = self.s.submitted()
+        self.s.complete_while_busy(submitted[i % len(submitted)])
+
+    @precondition(lambda self: self.s.submitted() and not self.s.fake.in_order)
+    @rule(i=index)
+    def poll_finds(self, i: int) -> None:
+        """A completion the backend cannot report is found by poll(); what its end launches the
+        idle device finishes at once, and the poll ends each use once."""
+        submitted = self.s.submitted()
+        self.s.poll_finds(submitted[i % len(submitted)])
+
     @precondition(lambda self: self.s.submitted())
     @rule(i=index, via_poll=st.booleans())
     def query_fails(self, i: int, via_poll: bool) -> None:

@@ -572,6 +572,45 @@ def test_poll_finishes_a_download_launched_behind_a_compute_once_on_the_fake() -
     assert bridge.stats()["pending_events"] == 0 and bridge.state(h) == "idle"
 
 
+@pytest.mark.parametrize("reported", [True, False], ids=["reported", "found by poll"])
+def test_a_chain_of_three_held_copies_each_done_at_launch_ends_each_once_in_issue_order(reported: bool) -> None:
+    """An upload, then three copies held in a chain behind it (a download, an upload over the same
+    bytes, a download): when the upload ends, each launched copy is done at submission, which
+    makes the next ready while the first settle is still running. One launch loop takes them in
+    issue order, each use ends exactly once, and a poll counts only the one it found."""
+    fake = FakeBackend() if reported else Unsubscribed()
+    bridge, ring = Bridge(fake), HostRing(64)
+    h = bridge.alloc_device(ObjectSpec("o", "uint8"), 4)
+    first = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
+    out1, out2 = ring.reserve(4), ring.reserve(4)
+    down1 = bridge.device_to_host(DeviceRange(h, 0, 4), out1, sync=False)  # RAW behind the upload
+    up2 = bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(h, 0, 4), sync=False)  # WAR behind it
+    down2 = bridge.device_to_host(DeviceRange(h, 0, 4), out2, sync=False)  # RAW behind that
+    events = [first, down1, up2, down2]
+    assert [c.op for c in fake.calls] == ["alloc", "copy_in"] and bridge.stats()["held"] == 3
+    ended: list[int] = []
+    original = bridge_module._Execution.ended
+
+    def record(self: Any, use: Any, *args: Any) -> None:
+        ended.append(use.id)
+        original(self, use, *args)
+
+    with mock.patch.object(bridge_module._Execution, "ended", record):
+        fake.finish_at_once = True
+        if reported:
+            fake.complete(first)  # the callback settles it, and the chain, before it returns
+        else:
+            fake.complete(first, report=False)
+            assert bridge.poll() == 1  # the one it found; the three launched ended inside its settle
+    assert ended == [e.use_id for e in events]  # each once, in issue order
+    assert all(e.done() and e.error is None for e in events)
+    assert [(c.op, c.sync) for c in fake.calls if c.op.startswith("copy")] == [
+        ("copy_in", False), ("copy_out", False), ("copy_in", False), ("copy_out", False)
+    ]  # fmt: skip
+    assert bytes(ring.view(out1)) == b"abcd" and bytes(ring.view(out2)) == b"wxyz"
+    assert bridge.stats()["inflight_uses"] == 0 and bridge.state(h) == "idle"
+
+
 def test_a_log_handler_that_calls_back_and_ends_a_deferred_release_does_not_break_the_warning_loop(
     fake: FakeBackend, ring: HostRing
 ) -> None:

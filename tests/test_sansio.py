@@ -34,7 +34,7 @@ TINY = Bound(allocations=1, restarts=1, faults=1, in_flight=2, spans=((0, 8),), 
 def test_depth_5_of_the_default_bound_is_clean_and_covers_the_spec() -> None:
     report = sansio.check(DEFAULT, depth=5)
     assert report.violation is None and not report.exhaustive
-    assert (report.states, report.transitions, report.depth) == (35435, 136500, 5)
+    assert (report.states, report.transitions, report.depth) == (35435, 142469, 5)
     assert report.coverage.missing() == [] and report.coverage.missing_edges() == []
 
 
@@ -48,7 +48,7 @@ def test_a_small_bound_is_explored_to_its_last_state() -> None:
 
 def test_two_processes_explore_exactly_what_one_does() -> None:
     one, two = sansio.check(DEFAULT, depth=4), sansio.check(DEFAULT, depth=4, jobs=2)
-    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth) == (4339, 13741, 4)
+    assert (one.states, one.transitions, one.depth) == (two.states, two.transitions, two.depth) == (4339, 14059, 4)
     assert one.coverage.hits == two.coverage.hits and one.coverage.edges == two.coverage.edges
     with MUTANTS["missing_raw_edge"]():
         found = [sansio.check(DEFAULT, depth=4, jobs=jobs).violation for jobs in (1, 2)]
@@ -56,16 +56,53 @@ def test_two_processes_explore_exactly_what_one_does() -> None:
     assert found[0].path == found[1].path and found[0].kill == found[1].kill == "ORDER-1"
 
 
+#: The orchestration bugs (the core's settle, launches, completion queue) and their shortest paths.
+ORCHESTRATION = {
+    "use_settled_twice": "alloc -> copy_in:1:(0, 4):async -> copy_in:1:(0, 4):async -> end:0:True:poll",
+    "completion_lost_while_busy": "alloc -> copy_in:1:(0, 4):async -> end:0:True:busy",
+    "held_use_launched_early": "alloc -> copy_in:1:(0, 4):async -> copy_in:1:(0, 4):async -> "
+    "copy_in:1:(0, 4):async -> end:0:True:report",
+    "deferred_free_ignores_held_uses": "alloc -> copy_in:1:(0, 4):async -> copy_in:1:(0, 4):async -> free:1 -> "
+    "end:0:True:report",
+}
+
+
 @pytest.mark.parametrize("name", IN_SCOPE)
 def test_a_seeded_bug_in_the_core_or_the_ring_is_found_by_the_check_it_breaks(name: str) -> None:
+    depth = len(ORCHESTRATION[name].split(" -> ")) if name in ORCHESTRATION else 4
     with MUTANTS[name]():
-        violation = sansio.check(DEFAULT, depth=4).violation
+        violation = sansio.check(DEFAULT, depth=depth).violation
         assert violation is not None, f"{name} not found"
         assert violation.kill == VALUES_KILLS[name], f"{name} was caught by {violation.kill}: {violation.error}"
         shorter = sansio.check(DEFAULT, depth=len(violation.path) - 1)
         assert shorter.violation is None, "breadth first: no shorter counterexample exists"
-    assert len(violation.path) <= 3
+    if name in ORCHESTRATION:
+        assert sansio.describe(violation.path) == ORCHESTRATION[name]
+    else:
+        assert len(violation.path) <= 3
     print(f"\n{name}: {sansio.describe(violation.path)}\n  {violation.error[:120]}")
+
+
+def test_the_checker_runs_the_cores_orchestration() -> None:
+    """`Step` is the core's executor, as the Bridge's `_Execution` is: the checker's completions
+    go through the core's own `settle`, `launch_ready`, `poll` and `drain` (each seen here being
+    called), not through a second statement of them in the checker."""
+    seen: set[str] = set()
+    stack = contextlib.ExitStack()
+    for name in ("settle", "launch_ready", "poll", "drain", "plan", "reported"):
+        original = getattr(LifecycleCore, name)
+
+        def spy(self: LifecycleCore, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            seen.add(_name)
+            return _original(self, *args, **kwargs)
+
+        stack.enter_context(mock.patch.object(LifecycleCore, name, spy))
+    try:
+        report = sansio.check(DEFAULT, depth=4)
+    finally:
+        stack.close()
+    assert report.violation is None
+    assert seen == {"settle", "launch_ready", "poll", "drain", "plan", "reported"}
 
 
 @pytest.mark.parametrize("name", OUT_OF_SCOPE)
