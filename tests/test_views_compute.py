@@ -242,3 +242,32 @@ def test_closing_a_compute_block_extends_its_marker_then_settles_it(close: str) 
             assert fake.extended == [0] and not ev.open and ev.done()
     assert fake.extended == [0]  # once
     assert ev.done() and ev.error is None and not ev.open and bridge.state(h) == "idle"
+
+
+def test_a_compute_never_entered_as_a_block_is_not_open_and_its_wait_extends_nothing() -> None:
+    """Only a `with` block opens a compute event: one waited for outside any block was never open,
+    so its marker is not extended (nothing was queued under it after the call)."""
+    fake = Extending()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    ev = bridge.compute(h)
+    assert ev.open is False
+    fake.complete(ev)
+    ev.wait(timeout=5)
+    assert fake.extended == [] and ev.done() and ev.error is None and bridge.state(h) == "idle"
+
+
+@pytest.mark.rejects("ARG-1")
+def test_a_refused_timeout_leaves_an_open_compute_block_open() -> None:
+    """wait() inside a block closes it first, but only for a timeout it accepts: a refused one
+    (ARG-1) changes nothing, so the block's work is still covered when it exits."""
+    fake = Extending()
+    bridge = Bridge(fake)
+    h = bridge.alloc_device(U8, 8)
+    with bridge.compute(h) as ev:
+        with refused("ARG-1"):
+            ev.wait(timeout=-1)
+        assert ev.open and fake.extended == []
+        fake.complete(ev)
+        assert not ev.done()  # still open: the marker is extended when the block exits
+    assert fake.extended == [0] and ev.done() and ev.error is None
