@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
-from devbridge.backends.base import Status
+from devbridge.backends.base import OK, Status
 from devbridge.errors import ERRORS, BridgeError, InvalidHandleError, LifecycleError, OrderingError
 from devbridge.spec import Lifecycle, level
 from devbridge.spec import load as load_spec
@@ -100,7 +100,6 @@ class Plan:
 
 
 SUBMIT = Plan("submit")
-OK_STATUS = Status(True)
 #: How a held use a restart made stale ends, never submitted.
 ABORTED = Status(True, "aborted by a restart before it was submitted")
 
@@ -586,7 +585,7 @@ class LifecycleCore:
         views, reported = self._views_gone, self._reported
         while views:
             use = self._inflight.get(views.popleft())
-            drained += use is not None and self.settle(use, OK_STATUS, run)
+            drained += use is not None and self.settle(use, OK, run)
         while reported:
             token = reported.popleft()
             if (use := self.submitted_use(token)) is not None:
