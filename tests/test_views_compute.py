@@ -255,19 +255,3 @@ def test_a_compute_never_entered_as_a_block_is_not_open_and_its_wait_extends_not
     fake.complete(ev)
     ev.wait(timeout=5)
     assert fake.extended == [] and ev.done() and ev.error is None and bridge.state(h) == "idle"
-
-
-@pytest.mark.rejects("ARG-1")
-def test_a_refused_timeout_leaves_an_open_compute_block_open() -> None:
-    """wait() inside a block closes it first, but only for a timeout it accepts: a refused one
-    (ARG-1) changes nothing, so the block's work is still covered when it exits."""
-    fake = Extending()
-    bridge = Bridge(fake)
-    h = bridge.alloc_device(U8, 8)
-    with bridge.compute(h) as ev:
-        with refused("ARG-1"):
-            ev.wait(timeout=-1)
-        assert ev.open and fake.extended == []
-        fake.complete(ev)
-        assert not ev.done()  # still open: the marker is extended when the block exits
-    assert fake.extended == [0] and ev.done() and ev.error is None
