@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -18,6 +19,7 @@ from devbridge import (
     StaleHandleError,
     TensorViewSpec,
 )
+from devbridge.backends.base import Status
 from devbridge.backends.fake import FakeBackend
 from devbridge.statemachine import LifecycleCore
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
@@ -253,3 +255,39 @@ def test_closure_follows_a_chain_of_uses_to_its_oldest() -> None:
     assert [sorted(u.after or ()) for u in uses] == [[], [uses[0].id], [uses[1].id], [uses[2].id]]
     assert [u.id for u in core.closure([uses[3]])] == [u.id for u in uses]
     assert [u.id for u in core.closure([uses[2]])] == [u.id for u in uses[:3]]
+
+
+class Recorder:
+    """A core executor that records what the orchestration asks of it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, str | None]] = []
+
+    def query(self, use: object) -> Status:
+        return Status(True)
+
+    def launch(self, use: object) -> None:
+        return None
+
+    def ended(self, use: Any, effects: object, status: Status) -> None:
+        self.log.append((use.id, status.error))
+
+
+def test_settle_ends_a_use_once_and_refuses_a_second_end_without_a_call() -> None:
+    core, run = LifecycleCore(), Recorder()
+    record = core.add(8, None, None)
+    use = core.begin("copy_in", [(record.id, record.generation)], span=(0, 4))
+    assert core.settle(use, Status(True), run) is True
+    assert core.settle(use, Status(True, "again"), run) is False  # ended already: nothing happens
+    assert run.log == [(use.id, None)] and core.ended(use) and core.state(record.id, 0) == "idle"
+
+
+def test_a_free_or_restart_told_no_time_counts_its_wait_from_zero() -> None:
+    core = LifecycleCore()
+    a, b = core.add(8, None, None), core.add(8, None, None)
+    core.begin("compute", [(a.id, 0)])
+    core.begin("compute", [(b.id, 0)])
+    assert core.free(a.id, 0) is None  # deferred: waiting since 0.0
+    assert core.waited(a.id, 5.0) == 5.0
+    core.restart()
+    assert core.waited(b.id, 7.0) == 7.0
