@@ -94,12 +94,15 @@ class Plan:
     asynchronous copy: submitted when the last of them ends); or `wait` for `blocker` first, the
     oldest use of their chain (it follows nothing, so it is on the device), then plan again."""
 
-    action: str
     before: list[InFlight] = field(default_factory=list)
     blocker: InFlight | None = None
 
+    @property
+    def action(self) -> str:
+        return "wait" if self.blocker is not None else "hold" if self.before else "submit"
 
-SUBMIT = Plan("submit")
+
+SUBMIT = Plan()
 #: How a held use a restart made stale ends, never submitted.
 ABORTED = Status(True, "aborted by a restart before it was submitted")
 
@@ -321,7 +324,7 @@ class LifecycleCore:
         before = self.conflicts(kind, handles, span)
         if not before:
             return SUBMIT
-        return Plan("hold", before) if not sync else Plan("wait", before, self.blocker(before))
+        return Plan(before, self.blocker(before) if sync else None)
 
     def blocker(self, uses: Sequence[InFlight]) -> InFlight:
         """The use to wait for so that `uses` make progress: the oldest of them and their own
