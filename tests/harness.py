@@ -76,4 +76,7 @@ DEVICES = [
     for d in dict.fromkeys(["CPU", "CL", "PYTHON", *os.environ.get("DEVBRIDGE_TEST_DEVICES", "").split(",")])
     if d and (d == "CPU" or _opens(d))
 ]
+#: (backend, device) for the jobs that compute: the fake, then each device but PYTHON, whose
+#: emulator runs a matmul about a hundred times slower than CPU
+COMPUTE_DEVICES: list[tuple[str, str | None]] = [("fake", None)] + [("tinygrad", d) for d in DEVICES if d != "PYTHON"]
 HARNESSES: dict[str, Callable[[], Harness]] = {"fake": _fake} | {f"tinygrad-{d}": _tinygrad(d) for d in DEVICES}

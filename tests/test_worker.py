@@ -6,15 +6,16 @@ import json
 
 import numpy as np
 import pytest
+from harness import COMPUTE_DEVICES
 
 from devbridge import worker as worker_module
 from devbridge.cli import main
 from devbridge.worker import Producer, run_demo
 
 
-@pytest.mark.parametrize("backend", ["fake", "tinygrad"])
-def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str) -> None:
-    summary = run_demo(objects=60, backend=backend, faults=0.1, restart_every=15, seed=3)
+@pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES, ids=lambda v: str(v))
+def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str, device: str | None) -> None:
+    summary = run_demo(objects=60, backend=backend, device=device, faults=0.1, restart_every=15, seed=3)
     assert (summary.delivered, summary.lost, summary.duplicated, summary.wrong) == (60, 0, 0, 0)
     assert summary.restarts >= 3 and summary.faults_injected > 0
     assert summary.faults_recovered > 0  # failed frees: see the deterministic test below
