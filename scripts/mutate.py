@@ -364,16 +364,19 @@ def load_equivalents(path: Path) -> dict[str, Equivalent]:
     return {e["key"]: Equivalent(e["key"], e.get("line", ""), e["reason"]) for e in entries}
 
 
-def source_line(m: Mutant) -> str:
-    return (ROOT / m.file).read_text().splitlines()[m.line - 1].strip()
+def source_line(m: Mutant, root: Path = ROOT) -> str:
+    """The line m mutates, stripped, in the checkout at root (a run judges its own copy, so an edit
+    made to the working tree while it runs cannot make an entry look stale)."""
+    return (root / m.file).read_text().splitlines()[m.line - 1].strip()
 
 
-def judge(listed: Equivalent | None, m: Mutant, outcome: str, by: str) -> tuple[str, str]:
+def judge(listed: Equivalent | None, m: Mutant, outcome: str, by: str, root: Path = ROOT) -> tuple[str, str]:
     """A run's outcome, given the mutant's entry in the equivalent list (if any)."""
     if listed is None:
         return outcome, by
-    if listed.line != source_line(m):
-        return "stale-equivalent", f"its line is now {source_line(m)!r}; the reason was written for {listed.line!r}"
+    line = source_line(m, root)
+    if listed.line != line:
+        return "stale-equivalent", f"its line is now {line!r}; the reason was written for {listed.line!r}"
     if outcome in ("killed", "timeout"):
         return "killed-equivalent", f"{outcome} by {by}: listed as equivalent ({listed.reason})"
     return "equivalent", listed.reason
@@ -461,13 +464,17 @@ def main(argv: list[str] | None = None) -> int:
     free: list[Path] = list(copies)
     lock = threading.Lock()
 
+    kills: Counter[tuple[str, str, str]] = Counter()  # (file, function, test) -> mutants of that function it killed
+
     def tests_for(m: Mutant, slow: bool) -> list[str]:
         hit = set().union(*(lines[m.file].get(n, set()) for n in range(m.line, m.end_line + 1)))
         at_import = m.function == "<module>" or ("." not in m.function and m.function[:1].isupper())  # a class body
         if not hit and at_import:
             hit = set().union(*lines[m.file].values())  # run at import: every test of the file's code
         chosen = [t for t in hit if t.startswith(SLOW) == slow]
-        return sorted(chosen, key=lambda t: (seconds.get(t, 1.0), t))
+        # what killed this function's other mutants first (a killed mutant stops at its first
+        # failure), then fastest first; the order changes what runs, never the outcome
+        return sorted(chosen, key=lambda t: (-kills[m.file, m.function, t], seconds.get(t, 1.0), t))
 
     def job(m: Mutant) -> Result:
         with lock:
@@ -483,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
                 outcome, by = run_one(m, copy, tests, budget)
                 if outcome != "survived":
                     break
-            outcome, by = judge(listed.get(m.key), m, outcome, by)
+            if outcome == "killed" and by.startswith("tests/"):
+                with lock:
+                    kills[m.file, m.function, by.split("[")[0]] += 1
+            outcome, by = judge(listed.get(m.key), m, outcome, by, base)
             result = Result(m, outcome, by, time.monotonic() - t0)
             with lock, log.open("a") as out:
                 out.write(_row(result) + "\n")
