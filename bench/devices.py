@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from devbridge.worker import run_demo, run_devices
+from devbridge.apps.worker import run_demo, run_devices
 
 
 def measure(run: Callable[[], Any]) -> tuple[float, float, Any]:

@@ -1,6 +1,6 @@
 """Objects per second on one Ray actor against two (issue #16's scaling figures).
 
-Runs the fleet (`devbridge.fleet.run_fleet`, tinygrad's CPU device: actor i on `CPU:i`) with one
+Runs the fleet (`devbridge.apps.fleet.run_fleet`, tinygrad's CPU device: actor i on `CPU:i`) with one
 actor and with two, alternately, in one local Ray session of one CPU per actor, and reports each
 one's objects/s (wall time from the first batch given to the last result, actors' start
 included), the ratio, and the CPU time the actors used per wall second (their utilisation of
@@ -17,7 +17,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
-from devbridge.fleet import FleetSummary, ray_module, run_fleet
+from devbridge.apps.fleet import FleetSummary, ray_module, run_fleet
 
 
 def main(argv: Sequence[str] | None = None) -> int:

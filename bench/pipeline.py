@@ -5,7 +5,7 @@ Buffer, the same MLP under TinyJit (zero-copy tensors over the Buffers, made
 as the bridge makes its views, passed as arguments; the result assigned into
 the output), `allocator._copyout` of the 16x32 output; one object at a time,
 no ring, no lifecycle, no checks, inputs made beforehand. Worker:
-`devbridge.worker.run_demo` (producer thread, rings, the bridge, pooled
+`devbridge.apps.worker.run_demo` (producer thread, rings, the bridge, pooled
 slots, asynchronous copies, every output checked against numpy). Rounds
 alternate; medians. Goal (issue #13): worker/raw >= 0.8.
 
@@ -23,8 +23,8 @@ from tinygrad.device import Device
 from tinygrad.engine.jit import TinyJit
 from tinygrad.tensor import Tensor
 
+from devbridge.apps.worker import Shapes, make_input, make_weights, mlp_step, run_demo
 from devbridge.backends import tinygrad_compat as tg
-from devbridge.worker import Shapes, make_input, make_weights, mlp_step, run_demo
 
 
 def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:

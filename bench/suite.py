@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
+from devbridge.apps.worker import run_demo
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
 from devbridge.bench import pipeline, scaling
-from devbridge.worker import run_demo
 
 Call = Callable[[], object]
 SPEC = ObjectSpec("bench", "uint8")

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo_command(args, backend)
     if args.jit:
         return run_jit_command(args, backend)
-    from devbridge.example import run_example
+    from devbridge.apps.example import run_example
 
     report = run_example(args.objects, args.floats, args.seed, backend)
     text = (
@@ -196,7 +196,7 @@ def progress_bar(args: argparse.Namespace) -> bool:
 
 
 def run_jit_command(args: argparse.Namespace, backend: Backend) -> int:
-    from devbridge.example import run_jit_example
+    from devbridge.apps.example import run_jit_example
 
     report = run_jit_example(backend=backend, seed=args.seed)
     text = (
@@ -335,7 +335,7 @@ def check_lockstep(args: argparse.Namespace, bound: Any) -> bool:
 def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
     from tqdm import tqdm
 
-    from devbridge.worker import WorkerStalled, run_demo
+    from devbridge.apps.worker import WorkerStalled, run_demo
 
     with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
 
@@ -370,7 +370,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     """`fleet`: Ray actors, one bridge and device each (fleet.run_fleet)."""
     from tqdm import tqdm
 
-    from devbridge.fleet import FleetUnavailable, ray_module, run_fleet
+    from devbridge.apps.fleet import FleetUnavailable, ray_module, run_fleet
 
     try:
         ray_module()
@@ -411,7 +411,7 @@ def run_devices_command(args: argparse.Namespace) -> int:
     """`demo --device A,B,...`: one bridge per device in this process (worker.run_devices)."""
     from tqdm import tqdm
 
-    from devbridge.worker import run_devices
+    from devbridge.apps.worker import run_devices
 
     devices = args.device.split(",")
     if len(set(devices)) != len(devices) or not all(devices):

@@ -90,16 +90,13 @@ class InFlight:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to do with a new use (ORDER-1): `submit` it now; `hold` it behind `before` (an
-    asynchronous copy: submitted when the last of them ends); or `wait` for `blocker` first, the
-    oldest use of their chain (it follows nothing, so it is on the device), then plan again."""
+    """What to do with a new use (ORDER-1): submit it now (nothing `before` it: SUBMIT); hold it
+    behind `before` (an asynchronous copy: submitted when the last of them ends); or, with a
+    `blocker`, wait for that use first, the oldest of their chain (it follows nothing, so it is
+    on the device), then plan again."""
 
     before: list[InFlight] = field(default_factory=list)
     blocker: InFlight | None = None
-
-    @property
-    def action(self) -> str:
-        return "wait" if self.blocker is not None else "hold" if self.before else "submit"
 
 
 SUBMIT = Plan()

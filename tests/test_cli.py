@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from devbridge.apps.example import run_example
+from devbridge.apps.worker import GIVE_UP_AFTER, WorkerStalled, run_demo
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import FakeBackend
 from devbridge.errors import InvalidArgumentError
-from devbridge.example import run_example
-from devbridge.worker import GIVE_UP_AFTER, WorkerStalled, run_demo
 
 TIMEOUT_S = 60  # each of these ends in well under a second; a hang is what this catches
 

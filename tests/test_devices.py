@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from devbridge.apps.worker import GIVE_UP_AFTER, run_devices
 from devbridge.backends.base import Backend, BackendError
 from devbridge.backends.fake import FakeBackend
 from devbridge.errors import InvalidArgumentError
-from devbridge.worker import GIVE_UP_AFTER, run_devices
 
 
 def test_two_fake_devices_deliver_every_object_once_under_faults_and_restarts() -> None:

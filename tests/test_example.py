@@ -7,8 +7,8 @@ import json
 import pytest
 from harness import COMPUTE_DEVICES, DEVICES
 
+from devbridge.apps.example import run_example
 from devbridge.cli import main
-from devbridge.example import run_example
 
 # (backend, device, deferred frees): the fake finishes a download when told, so y is freed while it
 # is in flight; CPU and PYTHON finish a copy at submission, so y is idle when it is freed; on CL the
@@ -54,7 +54,7 @@ def test_readme_usage_block_runs() -> None:
 def test_jit_example_runs_views_as_arguments_and_reports_a_captured_view(
     backend: str, device: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from devbridge.example import JitReport, run_jit_example
+    from devbridge.apps.example import JitReport, run_jit_example
 
     with caplog.at_level("WARNING", logger="devbridge"):
         report = run_jit_example(steps=4, restart_at=2, backend=backend, device=device)

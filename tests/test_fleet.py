@@ -16,9 +16,9 @@ from unittest import mock
 
 import pytest
 
+from devbridge.apps.fleet import FleetUnavailable, ray_module, run_fleet
 from devbridge.cli import main
 from devbridge.errors import InvalidArgumentError
-from devbridge.fleet import FleetUnavailable, ray_module, run_fleet
 
 ray: Any = pytest.importorskip("ray", reason="the fleet's tests need the ray extra: pip install 'devbridge[ray]'")
 
@@ -78,7 +78,7 @@ def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], deta
 
 
 def test_without_ray_the_fleet_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:
-    with mock.patch("devbridge.fleet.importlib.import_module", side_effect=ImportError("no ray")):
+    with mock.patch("devbridge.apps.fleet.importlib.import_module", side_effect=ImportError("no ray")):
         with pytest.raises(FleetUnavailable, match=r"pip install 'devbridge\[ray\]'"):
             ray_module()
         with pytest.raises(FleetUnavailable):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import random
+from typing import Any
 
 import numpy as np
 import pytest
 from harness import COMPUTE_DEVICES
 
-from devbridge import worker as worker_module
+from devbridge.apps.worker import STAGES, Job, Producer, Stage, StageError, Worker, run_demo
+from devbridge.apps.worker import workload as worker_module
+from devbridge.backends.base import BackendError
 from devbridge.cli import main
-from devbridge.worker import Producer, run_demo
+from devbridge.ring import HostRing
+from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 
 
 @pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES, ids=lambda v: str(v))
@@ -84,9 +89,10 @@ def test_demo_exits_non_zero_when_an_object_is_lost(
 
 
 def test_failed_computes_start_the_object_over_from_its_kept_input() -> None:
+    from devbridge.apps.worker import Worker
     from devbridge.backends.fake import FakeBackend
     from devbridge.backends.faulty import FaultyBackend
-    from devbridge.worker import Worker, fake_pump
+    from devbridge.testing import fake_pump
 
     fake = FakeBackend()
     backend = FaultyBackend(fake, rate=0.2, seed=5, random_ops=("compute",))
@@ -100,9 +106,10 @@ def test_failed_computes_start_the_object_over_from_its_kept_input() -> None:
 def test_failed_frees_are_reported_and_the_worker_goes_on() -> None:
     """Pooled slots are freed with their generation: three failing frees are reported (FREE-3,
     by the restart or the next poll), counted, and nothing is lost."""
+    from devbridge.apps.worker import Worker
     from devbridge.backends.fake import FakeBackend
     from devbridge.backends.faulty import FaultyBackend
-    from devbridge.worker import Worker, fake_pump
+    from devbridge.testing import fake_pump
 
     fake = FakeBackend()
     backend = FaultyBackend(fake)  # no random faults: exactly the armed ones
@@ -113,3 +120,106 @@ def test_failed_frees_are_reported_and_the_worker_goes_on() -> None:
     assert summary.clean and summary.restarts >= 2
     assert backend.injected["free"] == 3 and worker.bridge.stats()["free_failures"] == 3
     assert 1 <= summary.free_failures <= 3  # a restart reports all its failed frees at once
+
+
+class FailsToStart(FaultyBackend):
+    """Copies fail to start (the call raises, as a device out of queue slots would), besides the
+    faults a FaultyBackend injects: the `nth` copy_in (1-based), or each copy with probability `rate`."""
+
+    def __init__(self, inner: FakeBackend, *, nth: int = 0, start_rate: float = 0.0, seed: int = 0, **kw: Any) -> None:
+        super().__init__(inner, seed=seed, **kw)
+        self.copies_in, self.nth, self.start_rate = 0, nth, start_rate
+        self.starts = random.Random(seed)
+        self.not_started = 0
+
+    def refuse(self) -> None:
+        if self.start_rate and self.starts.random() < self.start_rate:
+            self.not_started += 1
+            raise BackendError("injected: the copy could not start")
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        self.copies_in += 1
+        if self.copies_in == self.nth:
+            self.not_started += 1
+            raise BackendError("injected: the copy could not start")
+        self.refuse()
+        return super().copy_in(buffer, offset, src, sync=sync)
+
+    def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
+        self.refuse()
+        return super().copy_out(dst, buffer, offset, sync=sync)
+
+
+def test_an_object_whose_compute_failed_is_redone_even_when_its_new_upload_fails_to_start() -> None:
+    """The compute fails, so its download carries garbage; the upload that starts the object over
+    fails at the call. The object goes back to SLOT and is uploaded and computed again (a worker
+    that left it in DOWNLOAD delivered the failed compute's output: one compute, no redo)."""
+    fake = FakeBackend()
+    backend = FailsToStart(fake, nth=6)  # 4 weights, the object's upload, then its redo
+    backend.fail_next("compute")
+    worker = Worker(backend, 1, seed=4, pump=fake_pump(fake, 4))
+    worker.moves = []
+    worker.run()
+    summary = worker.summary(1.0, "fake")
+    assert (backend.injected["compute"], backend.not_started) == (1, 1)
+    assert (summary.delivered, summary.wrong, summary.lost) == (1, 0, 0) and summary.faults_recovered == 2
+    moved = [c.op for c in fake.calls if c.op in ("copy_in", "compute", "copy_out")]
+    assert moved == ["copy_in"] * 5 + ["compute", "copy_out", "copy_in", "compute", "copy_out"]
+    S = Stage
+    assert worker.moves == [
+        (S.SLOT, S.UPLOAD), (S.UPLOAD, S.COMPUTE), (S.COMPUTE, S.DOWNLOAD),  # the compute fails
+        (S.DOWNLOAD, S.SLOT),  # its redo fails to start
+        (S.SLOT, S.UPLOAD), (S.UPLOAD, S.COMPUTE), (S.COMPUTE, S.DOWNLOAD), (S.DOWNLOAD, S.DELIVERED),
+    ]  # fmt: skip
+
+
+def test_jobs_move_only_by_the_stage_table_and_runs_take_every_transition_in_it() -> None:
+    """Runs with failing copies (at completion and at the call), failing computes and restarts:
+    each job's stage changes only by STAGES (Job.move raises StageError otherwise), every object
+    is delivered once and right, and together the runs take all of the table's transitions. (A
+    restart that finds a job in COMPUTE needs its download refused in the very pass that
+    restarts: about one run in two has one, so runs go on, up to 40, until every one is taken.)"""
+    table = {(at, to) for at, tos in STAGES.items() for to in tos}
+    taken: set[tuple[Stage, Stage]] = set()
+    for seed in range(40):
+        fake = FakeBackend()
+        ops = ("copy_in", "copy_out", "compute")
+        backend = FailsToStart(fake, start_rate=0.3, rate=0.1, seed=seed, random_ops=ops)
+        worker = Worker(backend, 40, seed=seed, restart_every=3, ring_objects=6, pump=fake_pump(fake, seed))
+        worker.moves = []
+        worker.run()
+        assert worker.summary(1.0, "fake").clean and backend.not_started > 0
+        assert set(worker.moves) <= table
+        taken |= set(worker.moves)
+        if taken == table:
+            break
+    assert taken == table
+
+
+def test_a_move_the_table_does_not_have_is_refused() -> None:
+    ring = HostRing(64)
+    job = Job(7, ring.reserve(8))
+    with pytest.raises(StageError, match="object 7: no transition slot -> delivered"):
+        job.move(Stage.DELIVERED)
+    assert job.stage is Stage.SLOT
+    job.move(Stage.UPLOAD)
+    assert job.stage is Stage.UPLOAD
+
+
+def test_the_old_import_paths_give_the_same_objects() -> None:
+    import devbridge.apps.example
+    import devbridge.apps.fleet
+    import devbridge.apps.worker
+    import devbridge.example
+    import devbridge.fleet
+    import devbridge.worker
+
+    for old, new in (
+        (devbridge.worker, devbridge.apps.worker),
+        (devbridge.fleet, devbridge.apps.fleet),
+        (devbridge.example, devbridge.apps.example),
+    ):
+        mine = [n for n in dir(new) if getattr(getattr(new, n), "__module__", "").startswith(new.__name__)]
+        names = [n for n in mine if not n.startswith("_")] + [n for n in dir(new) if n.isupper()]
+        assert len(names) > 4 and all(getattr(old, n) is getattr(new, n) for n in names), old.__name__
+    assert devbridge.worker.fake_pump is fake_pump

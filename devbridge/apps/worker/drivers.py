@@ -1,0 +1,64 @@
+"""Running the reference worker: `devbridge demo` on one device, with injected faults and restarts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from devbridge.apps.worker.pipeline import Summary, Worker
+from devbridge.backends import make_backend
+from devbridge.backends.base import Backend
+from devbridge.errors import InvalidArgumentError, short
+from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
+
+#: What `--faults` fails at random: allocations, copies, frees and event queries.
+RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
+
+
+def check_demo(objects: object, faults: object, restart_every: object) -> None:
+    """The demo's options, checked before anything starts (ARG-1): a bad one would spin forever."""
+    if type(objects) is not int or objects < 1:
+        raise InvalidArgumentError("ARG-1", f"objects must be an int >= 1, got {short(objects)}")
+    if type(faults) not in (int, float) or not 0 <= faults < 1:  # type: ignore[operator]
+        raise InvalidArgumentError("ARG-1", f"faults is a probability in [0, 1), got {short(faults)}")
+    if type(restart_every) is not int or restart_every < 0:
+        raise InvalidArgumentError("ARG-1", f"restart_every must be an int >= 0 (0: never), got {short(restart_every)}")
+
+
+def backend_name(backend: Backend) -> str:
+    """`fake`, or `tinygrad:<device>`."""
+    device = getattr(backend, "device", None)
+    return backend.name if device is None else f"{backend.name}:{device}"
+
+
+def run_demo(
+    objects: int = 1500,
+    backend: str | Backend = "tinygrad",
+    device: str | None = None,
+    faults: float = 0.0,
+    restart_every: int = 0,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> Summary:
+    """The reference worker over `objects` synthetic objects on `backend` (a name for
+    make_backend, or an opened Backend). Raises WorkerStalled if the backend fails for good."""
+    check_demo(objects, faults, restart_every)
+    inner = make_backend(backend, device) if isinstance(backend, str) else backend
+    worker = device_worker(inner, range(objects), faults, restart_every, seed, seed)
+    start = time.perf_counter()
+    worker.run(progress)
+    return worker.summary(time.perf_counter() - start, backend_name(inner))
+
+
+def device_worker(
+    inner: Backend, ks: Sequence[int], faults: float, restart_every: int, seed: int, fault_seed: int
+) -> Worker:
+    """A worker for objects `ks` on one device: its fake's pump, its injected faults."""
+    pump = fake_pump(inner, fault_seed) if isinstance(inner, FakeBackend) else None
+    if not faults:
+        return Worker(inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks)
+    faulty = FaultyBackend(inner, rate=faults, seed=fault_seed, random_ops=RANDOM_FAULTS)
+    return Worker(
+        faulty, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks,
+        injected=lambda: sum(faulty.injected.values()),
+    )  # fmt: skip
