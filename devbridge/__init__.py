@@ -10,11 +10,16 @@ import os as _os
 from typing import TYPE_CHECKING
 
 # In a source checkout run from its root (`python -m devbridge`), this folder
-# shadows the installed package, whose subpackages are the sibling folders
-# spec/, statemachine/, backends/, models/ (pyproject's package-dir): serve them.
+# shadows the installed package, whose subpackages spec/, statemachine/,
+# backends/, models/, bench/ are sibling folders (pyproject's package-dir):
+# serve those, and nothing else of the checkout.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_os.path.join(_root, "statemachine")):
-    __path__.append(_root)
+    from pathlib import Path as _Path
+
+    from devbridge._checkout import serve as _serve
+
+    _serve(_Path(_root))
 
 if TYPE_CHECKING:
     from devbridge.bridge import Bridge

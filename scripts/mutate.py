@@ -23,6 +23,10 @@ excusing what the tests can now tell apart. The score of a file is (killed + tim
     scripts/mutate --files devbridge/ring.py --jobs 1
     scripts/mutate --resume              # go on with a stopped run (its log: mutation-report.jsonl)
     scripts/mutate --again               # rerun what the last run did not kill (after new tests)
+
+Both reuse a logged outcome only while the code its mutant lives in (its function, or its own
+lines outside functions) is unchanged, so a run stopped, then resumed after edits, reruns exactly
+the mutants of the functions that changed.
     scripts/mutate --list                # the mutants, without running anything
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -101,6 +106,9 @@ class Mutant:
     start: int  # character offsets of the replaced text in the file
     end: int
     nth: int = 0  # among mutants with the same file, function, kind and texts
+    #: a digest of the code it lives in (its function's source; its own lines outside functions):
+    #: a stopped run resumed after edits reruns exactly the mutants whose code changed
+    code: str = ""
 
     @property
     def key(self) -> str:
@@ -123,6 +131,7 @@ class _Finder(ast.NodeVisitor):
         for line in source.splitlines(keepends=True):
             self.offsets.append(self.offsets[-1] + len(line))
         self.scope: list[str] = []
+        self.functions: list[str] = []  # the digests of the functions the walk is inside, innermost last
         self.found: list[Mutant] = []
 
     def pos(self, line: int, col: int) -> int:
@@ -140,9 +149,15 @@ class _Finder(ast.NodeVisitor):
         original = self.source[start:end]
         if original == mutated or "no mutate" in self.source[self.offsets[node.lineno - 1] : self.offsets[node.lineno]]:  # type: ignore[attr-defined]
             return
+        line, end_line = node.lineno, node.end_lineno or node.lineno  # type: ignore[attr-defined]
+        code = (
+            self.functions[-1]
+            if self.functions
+            else digest(self.source[self.offsets[line - 1] : self.offsets[end_line]])
+        )
         self.found.append(
-            Mutant(self.file, ".".join(self.scope) or "<module>", kind, original, mutated,
-                   node.lineno, node.end_lineno or node.lineno, start, end)  # type: ignore[attr-defined]
+            Mutant(self.file, ".".join(self.scope) or "<module>", kind, original, mutated, line, end_line, start, end,
+                   code=code)
         )  # fmt: skip
 
     def operator_between(self, kind: str, node: ast.AST, left: ast.AST, right: ast.AST, op: str, new: str) -> None:
@@ -162,8 +177,10 @@ class _Finder(ast.NodeVisitor):
         for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
             self.visit(default)  # evaluated where the function is defined (at import)
         self.scope.append(node.name)
+        self.functions.append(digest(ast.get_source_segment(self.source, node) or ""))
         for stmt in node.body[1:] if _docstring(node.body) else node.body:
             self.visit(stmt)
+        self.functions.pop()
         self.scope.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -260,6 +277,10 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Continue(self, node: ast.Continue) -> None:
         self.add("loop", node, *self.span(node), "break")
+
+
+def digest(code: str) -> str:
+    return hashlib.blake2b(code.encode(), digest_size=8).hexdigest()
 
 
 def _docstring(body: list[ast.stmt]) -> bool:
@@ -443,9 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     kept: list[Result] = []
     if args.again or args.resume:
         before = {row["key"]: row for row in map(json.loads, log.read_text().splitlines())}
-        keep = {k for k, row in before.items() if args.resume or row["outcome"] in ("killed", "timeout")}
-        kept = [Result(m, before[m.key]["outcome"], before[m.key]["by"]) for m in mutants if m.key in keep]
-        mutants = [m for m in mutants if m.key not in keep]
+        kept = [
+            Result(m, before[m.key]["outcome"], before[m.key]["by"])
+            for m in mutants
+            if reusable(m, before, args.resume)
+        ]
+        mutants = [m for m in mutants if not reusable(m, before, args.resume)]
     log.write_text("".join(_row(r) + "\n" for r in kept))
     if args.list:
         for m in mutants:
@@ -522,6 +546,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the equivalent list is wrong: {len(wrong)} entries disproved, {len(stale)} match no mutant")
         return 1
     return 0
+
+
+def reusable(m: Mutant, log: dict[str, dict[str, str]], resume: bool) -> bool:
+    """A logged outcome stands for m while the code m lives in is what it ran on: all of them for
+    --resume (a stopped run), kills and timeouts for --again (after new tests)."""
+    row = log.get(m.key)
+    if row is None or row.get("code") != m.code:
+        return False
+    return resume or row["outcome"] in ("killed", "timeout")
 
 
 def _row(r: Result) -> str:

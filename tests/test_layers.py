@@ -6,6 +6,7 @@ break exactly the contract it is meant to, and the tree as it is must keep both.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -85,3 +86,36 @@ def test_a_seeded_break_breaks_its_contract(tmp_path: Path, seeded: str) -> None
     module.write_text(module.read_text() + "\n" + line)
     code, output = lint_imports(tree)
     assert (code, verdicts(output)) == (1, expected), output
+
+
+def test_a_checkout_serves_the_mapped_folders_as_devbridge_and_nothing_else() -> None:
+    """Run from the checkout's root, `devbridge` is the checkout's folder: its subpackages are
+    the sibling folders pyproject maps (spec/, statemachine/, ...), and no other folder of the
+    checkout (tests/, scripts/, .venv/) is importable through it."""
+    probe = (
+        "import importlib, json\n"
+        "import devbridge\n"
+        "out = {}\n"
+        "for name in ('spec', 'statemachine', 'backends', 'models', 'bench', 'tests', 'scripts', 'bench.suite',"
+        " 'tests.conftest', 'testing', 'apps.worker'):\n"
+        "    try:\n"
+        "        out[name] = importlib.import_module('devbridge.' + name).__file__\n"
+        "    except ModuleNotFoundError as e:\n"
+        "        out[name] = type(e).__name__\n"
+        "print(json.dumps(out))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    got = json.loads(run.stdout)
+    assert got == {
+        "spec": str(ROOT / "spec" / "__init__.py"),
+        "statemachine": str(ROOT / "statemachine" / "__init__.py"),
+        "backends": str(ROOT / "backends" / "__init__.py"),
+        "models": str(ROOT / "models" / "__init__.py"),
+        "bench": str(ROOT / "bench" / "__init__.py"),
+        "tests": "ModuleNotFoundError",
+        "scripts": "ModuleNotFoundError",
+        "bench.suite": str(ROOT / "bench" / "suite.py"),
+        "tests.conftest": "ModuleNotFoundError",
+        "testing": str(ROOT / "devbridge" / "testing" / "__init__.py"),
+        "apps.worker": str(ROOT / "devbridge" / "apps" / "worker" / "__init__.py"),
+    }, run.stderr

@@ -81,6 +81,23 @@ def test_keys_survive_edits_elsewhere_and_number_repeats(mutate: ModuleType) -> 
     ]
 
 
+def test_a_logged_outcome_is_reused_only_while_its_code_is_unchanged(mutate: ModuleType) -> None:
+    """--resume and --again key each logged outcome to a digest of the code its mutant lives in:
+    an edit inside one function makes exactly that function's mutants run again."""
+    source = SOURCE + "\n\ndef f(a, b):\n    return a < b or a < 2\n"
+    edited = source.replace("a < 2", "a < 3")
+    before = {m.key: m for m in mutate.mutants_of("x.py", source)}
+    after = {m.key: m for m in mutate.mutants_of("x.py", edited)}
+    changed = sorted({m.function for k, m in after.items() if k not in before or before[k].code != m.code})
+    assert changed == ["f"] and {m.function for m in after.values()} == {"<module>", "Ring", "Ring.take", "f"}
+    log = {k: {"outcome": "survived" if m.function == "f" else "killed", "code": m.code} for k, m in before.items()}
+    for m in after.values():
+        same = m.key in before and before[m.key].code == m.code
+        assert mutate.reusable(m, log, resume=True) is same
+        assert mutate.reusable(m, log, resume=False) is (same and m.function != "f")
+    assert not mutate.reusable(next(iter(after.values())), {}, resume=True)
+
+
 def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: ModuleType) -> None:
     root = SCRIPT.parent.parent
     counts = {f: len(mutate.mutants_of(f, (root / f).read_text())) for f in mutate.FILES}
