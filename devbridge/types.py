@@ -6,8 +6,6 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from devbridge.errors import (
     InvalidArgumentError,
     InvalidHandleError,
@@ -44,7 +42,7 @@ def as_count(value: object) -> int | None:
     bool is not a count: `True` as a size is a caller's bug, not 1."""
     if type(value) is int:
         return value
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's integers are Integral
         try:
             return int(value)
         except Exception:  # an int subclass whose __int__ fails

@@ -1,7 +1,23 @@
-"""The lifecycle core: the spec as a transitions.Machine, its compiled table, and the sans-I/O core."""
+"""The lifecycle core: the spec compiled to a table, and the sans-I/O core that decides by it.
+
+Pure: no device work, no threads, and none of numpy, tinygrad or transitions (import-linter's
+contracts in pyproject). The spec as a `transitions.Machine` is in `devbridge.models.machine`.
+"""
+
+from typing import Any
 
 from devbridge.statemachine.core import Allocation, Effects, Executor, InFlight, LifecycleCore, Plan
-from devbridge.statemachine.machine import Table, build_machine, compile_table, default_table
+from devbridge.statemachine.machine import Table, compile_table, default_table
+
+
+def __getattr__(name: str) -> Any:
+    """`build_machine`, moved to devbridge.models.machine: served here for one release."""
+    from devbridge.statemachine import machine
+
+    if name not in machine.MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return machine.__getattr__(name)
+
 
 __all__ = [
     "Allocation",
@@ -11,7 +27,6 @@ __all__ = [
     "LifecycleCore",
     "Plan",
     "Table",
-    "build_machine",
     "compile_table",
     "default_table",
 ]
