@@ -51,6 +51,7 @@ from devbridge.errors import (
 from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
 from devbridge.ring import HostRange
 from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
+from devbridge.stats import COUNTED, Pins, Stats
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -370,7 +371,7 @@ class Bridge:
 
     # ------------------------------------------------------------ introspection
 
-    def pins(self, handle: DeviceHandle) -> dict[str, object]:
+    def pins(self, handle: DeviceHandle) -> Pins:
         """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
         (input and output copies, compute events, live views: a view counts while any tinygrad
         object can reach its memory), and how long a deferred release has waited."""
@@ -378,14 +379,14 @@ class Bridge:
             self._drain()
             key, _ = self._resolve(handle)
             kinds = Counter(use.kind for use in self._core.dependents(key[0]))
-            return {
-                "state": self._core.state(*key),
-                "copies_in": kinds["copy_in"],
-                "copies_out": kinds["copy_out"],
-                "computes": kinds["compute"],
-                "views": kinds["view"],
-                "waiting_s": self._core.waited(key[0], time.monotonic()),
-            }
+            return Pins(
+                state=self._core.state(*key),
+                copies_in=kinds["copy_in"],
+                copies_out=kinds["copy_out"],
+                computes=kinds["compute"],
+                views=kinds["view"],
+                waiting_s=self._core.waited(key[0], time.monotonic()),
+            )
 
     def state(self, handle: DeviceHandle) -> str:
         """The allocation's lifecycle state, a state name from the spec."""
@@ -394,26 +395,20 @@ class Bridge:
             key, _ = self._resolve(handle)
             return self._core.state(*key)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> Stats:
+        """The bridge's counters and what is live now (`Stats`, field by field)."""
         with self._lock:
             self._drain()
             live = list(self._core.allocations())
-            counts = {
-                k: self._counts[k]
-                for k in (
-                    "allocs", "backend_frees", "deferred_frees", "copies_in", "copies_out", "bytes_in",
-                    "bytes_out", "computes", "views", "copy_failures", "compute_failures", "alloc_failures",
-                    "free_failures", "aborted", "restarts", "held", "waits",
-                )
-            }  # fmt: skip
-            return {
-                "generation": self._core.generation,
-                "live_allocations": len(live),
-                "live_bytes": sum(r.extent for r in live),
-                "pending_events": sum(1 for use in self._core.inflight() if use.event is not None),
-                "inflight_uses": sum(1 for _ in self._core.inflight()),
+            counts = {name: self._counts[name] for name in COUNTED}
+            return Stats(
+                generation=self._core.generation,
+                live_allocations=len(live),
+                live_bytes=sum(r.extent for r in live),
+                pending_events=sum(1 for use in self._core.inflight() if use.event is not None),
+                inflight_uses=sum(1 for _ in self._core.inflight()),
                 **counts,
-            }
+            )
 
     # ------------------------------------------------------------ internals
 

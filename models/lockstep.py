@@ -137,7 +137,7 @@ SCRIPT_HEADER = [
     "",
     "",
     "def pins(bridge, h):",
-    "    return {k: v for k, v in bridge.pins(h).items() if k != 'waiting_s'}",
+    "    return {k: v for k, v in bridge.pins(h).as_dict().items() if k != 'waiting_s'}",
     "",
     "",
 ]
@@ -595,8 +595,8 @@ class Lockstep:
         self.emit("with lock_held_elsewhere(bridge):", f"    fake.complete(e{use})")
         with lock_held_elsewhere(self.bridge):
             self.fake.complete(event)
-        self.emit(f'assert bridge.stats()["inflight_uses"] == {len(self.model.uses)}  # the next call applied it')
-        in_flight = self.bridge.stats()["inflight_uses"]
+        self.emit(f"assert bridge.stats().inflight_uses == {len(self.model.uses)}  # the next call applied it")
+        in_flight = self.bridge.stats().inflight_uses
         agree(in_flight == len(self.model.uses), "completion",
               f"after the next call {in_flight} uses are in flight, the model says {len(self.model.uses)}: "
               f"a completion reported while the lock was busy was not applied")  # fmt: skip
@@ -731,9 +731,9 @@ class Lockstep:
         """INV-FREE-ONCE: the backend's free counts (successful and failed) are the model's."""
         frees = {"backend_frees": len(self.model.frees) - self.model.free_failures}
         frees["free_failures"] = self.model.free_failures
-        self.emit(f"assert {{k: bridge.stats()[k] for k in {sorted(frees)!r}}} == {frees!r}")
+        self.emit(f"assert {{k: getattr(bridge.stats(), k) for k in {sorted(frees)!r}}} == {frees!r}")
         stats = self.bridge.stats()
-        agree({k: stats[k] for k in frees} == frees, "frees", "backend free counts differ")
+        agree({k: getattr(stats, k) for k in frees} == frees, "frees", "backend free counts differ")
         self.raise_swallowed("INV-FREE-ONCE")
 
     def check_quiescent(self) -> None:
@@ -793,7 +793,7 @@ class Lockstep:
         buffer (anchors any tensor still reaches) are the model's views."""
         expected = self.model.pins(h.id)
         self.emit(f"assert pins(bridge, h{h.id}) == {expected!r}")
-        got = self.bridge.pins(h)
+        got = self.bridge.pins(h).as_dict()
         waited = got.pop("waiting_s")
         agree(list(got) == list(PIN_KEYS), "pins", f"pins keys {list(got)}")
         agree(got == expected, "pins", f"pins of #{h.id}: {got}, the model says {expected}")

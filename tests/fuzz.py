@@ -255,7 +255,7 @@ class APIFuzz(RuleBasedStateMachine):
     @invariant()
     def counts_are_whole(self) -> None:
         stats = self.bridge.stats()
-        assert all(type(v) is int and v >= 0 for v in stats.values()), stats
+        assert all(type(v) is int and v >= 0 for v in stats.as_dict().values()), stats
 
     def teardown(self) -> None:
         for ev in self.open:

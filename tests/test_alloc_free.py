@@ -35,7 +35,7 @@ def test_alloc_gives_a_handle_of_the_extent_in_the_current_generation(bridge: Br
 def test_alloc_rejects_bad_extents_without_a_backend_call(bridge: Bridge, fake: FakeBackend, extent: object) -> None:
     with refused("ALLOC-1"):
         bridge.alloc_device(F32, extent)  # type: ignore[arg-type]
-    assert fake.calls == [] and bridge.stats()["live_allocations"] == 0
+    assert fake.calls == [] and bridge.stats().live_allocations == 0
 
 
 @pytest.mark.holds("SPEC-1")
@@ -73,8 +73,8 @@ def test_alloc_failure_is_typed_and_leaks_nothing(bridge: Bridge, fake: FakeBack
     fake.fail_next("alloc")
     with refused("ALLOC-2"):
         bridge.alloc_device(F32, 64)
-    assert fake.live_allocations == 0 and bridge.stats()["live_allocations"] == 0
-    assert bridge.stats()["alloc_failures"] == 1
+    assert fake.live_allocations == 0 and bridge.stats().live_allocations == 0
+    assert bridge.stats().alloc_failures == 1
     h = bridge.alloc_device(F32, 64)  # the next one works, and got the next id
     assert (h.id, fake.live_allocations) == (0, 1)
 
@@ -85,7 +85,7 @@ def test_alloc_beyond_device_capacity_fails() -> None:
     bridge.alloc_device(U8, 60)
     with refused("ALLOC-2"):
         bridge.alloc_device(U8, 60)
-    assert bridge.stats()["live_allocations"] == 1
+    assert bridge.stats().live_allocations == 1
 
 
 @pytest.mark.holds("FREE-1", "FREE-2")
@@ -94,7 +94,7 @@ def test_free_of_an_idle_allocation_frees_once_on_the_backend(bridge: Bridge, fa
     bridge.free_device(h)
     assert fake.ops() == ["alloc", "free"] and fake.calls[1] == Call("free", 0)
     assert bridge.state(h) == "freed" and fake.live_allocations == 0
-    assert bridge.stats()["backend_frees"] == 1 and bridge.stats()["live_allocations"] == 0
+    assert bridge.stats().backend_frees == 1 and bridge.stats().live_allocations == 0
 
 
 @pytest.mark.holds("FREE-1")
@@ -108,7 +108,7 @@ def test_free_while_a_copy_is_in_flight_is_deferred_to_its_completion(
         bridge.free_device(h)
     assert bridge.state(h) == "free_pending"
     assert "free" not in fake.ops()  # not while the copy uses it
-    assert bridge.stats()["deferred_frees"] == 1
+    assert bridge.stats().deferred_frees == 1
     fake.complete(ev)
     assert fake.ops() == ["alloc", "copy_in", "free"]
     assert bridge.state(h) == "freed" and ev.done() and ev.error is None

@@ -51,7 +51,7 @@ def test_a_deferred_free_that_fails_settles_the_event_and_is_reported_by_poll(
     assert ring.released(src) and bridge.state(h) == "freed"
     assert frees(fake) == [0] and fake.live_allocations == 1  # attempted once; the device kept it
     stats = bridge.stats()
-    assert (stats["free_failures"], stats["backend_frees"], stats["pending_events"]) == (1, 0, 0)
+    assert (stats.free_failures, stats.backend_frees, stats.pending_events) == (1, 0, 0)
     with refused("FREE-3") as e:
         bridge.poll()
     assert "allocation #0" in str(e.value)
@@ -70,7 +70,7 @@ def test_an_immediate_free_that_fails_raises_and_the_handle_is_dead(bridge: Brid
         bridge.free_device(h)
     assert isinstance(e.value.__cause__, BackendError) is False
     assert bridge.state(h) == "freed" and frees(fake) == [0]
-    assert bridge.stats()["free_failures"] == 1 and bridge.stats()["live_allocations"] == 0
+    assert bridge.stats().free_failures == 1 and bridge.stats().live_allocations == 0
     assert bridge.poll() == 0  # already reported by the call
 
 
@@ -84,7 +84,7 @@ def test_a_restart_releases_every_old_buffer_even_when_one_free_fails(bridge: Br
     assert "allocation #0" in str(e.value)
     assert bridge.generation == 1 and [bridge.state(x) for x in (a, b, c)] == ["stale"] * 3
     assert frees(fake) == [0, 1, 2] and fake.live_allocations == 1
-    assert bridge.stats()["backend_frees"] == 2 and bridge.stats()["free_failures"] == 1
+    assert bridge.stats().backend_frees == 2 and bridge.stats().free_failures == 1
     d = bridge.alloc_device(U8, 8)  # the new generation works
     assert d.generation == 1 and bridge.state(d) == "allocated"
 
@@ -132,7 +132,7 @@ def test_a_failed_query_or_wait_settles_a_copy_as_failed(bridge: Bridge, fake: F
             raise ev.error  # type: ignore[misc]
         ev.wait(timeout=5)
     assert f"{op}" in str(e.value)
-    assert ev.done() and bridge.stats()["pending_events"] == 0
+    assert ev.done() and bridge.stats().pending_events == 0
     assert not ring.released(src) and bytes(fake.buffer(0).data) == bytes(8)  # not released; nothing moved
     assert bridge.state(h) == "idle"
     out = ring.reserve(8)
@@ -175,7 +175,7 @@ def test_wait_honours_its_timeout(bridge: Bridge, fake: FakeBackend, timeout: fl
         ev.wait(timeout=timeout)
     assert isinstance(e.value, TimeoutError)
     assert time.monotonic() - start < 10  # a hang detector, not a speed goal
-    assert not ev.done() and bridge.stats()["pending_events"] == 1
+    assert not ev.done() and bridge.stats().pending_events == 1
 
 
 def test_faulty_backend_forgets_settled_failing_tokens_and_bounds_its_log() -> None:
@@ -241,14 +241,14 @@ def test_a_backend_failing_every_operation_at_random_loses_nothing(seed: int) ->
     with contextlib.suppress(DeviceFreeError):
         bridge.poll()
     assert all(ev.done() for ev in events), "an event was lost"
-    assert bridge.stats()["pending_events"] == bridge.stats()["inflight_uses"] == 0
+    assert bridge.stats().pending_events == bridge.stats().inflight_uses == 0
     assert fake.violations == []  # never freed while in use, never twice, never an old buffer
     attempted = frees(fake)
     assert len(attempted) == len(set(attempted)), "a buffer was freed twice"
     stats = bridge.stats()
-    live = stats["live_allocations"]
-    assert stats["backend_frees"] == len(attempted) and stats["free_failures"] == faulty.injected["free"]
-    assert fake.live_allocations == live + stats["free_failures"], "a buffer was leaked without a report"
+    live = stats.live_allocations
+    assert stats.backend_frees == len(attempted) and stats.free_failures == faulty.injected["free"]
+    assert fake.live_allocations == live + stats.free_failures, "a buffer was leaked without a report"
 
 
 @pytest.mark.holds("FAULT-1", "COPY-F", "COMPUTE-F")
@@ -264,13 +264,13 @@ def test_stats_count_each_call_and_each_failure_once(bridge: Bridge, fake: FakeB
     copy = bridge.host_to_device(put(ring, b"ijkl"), DeviceRange(h, 8, 4), sync=False)
     fake.fail_next("compute")
     compute = bridge.compute(other)
-    zero = dict.fromkeys(bridge.stats(), 0)
+    zero = dict.fromkeys(bridge.stats().as_dict(), 0)
     base = zero | {"live_allocations": 2, "live_bytes": 24, "allocs": 2, "copies_in": 2, "bytes_in": 8,
                    "computes": 1, "copy_failures": 1, "alloc_failures": 1}  # fmt: skip
-    assert bridge.stats() == base | {"pending_events": 2, "inflight_uses": 2}
+    assert bridge.stats().as_dict() == base | {"pending_events": 2, "inflight_uses": 2}
     fake.complete(compute)  # armed: it fails
     bridge.free_device(h)  # the async copy still writes it: deferred
     failed = {"compute_failures": 1, "deferred_frees": 1}
-    assert bridge.stats() == base | failed | {"pending_events": 1, "inflight_uses": 1}
+    assert bridge.stats().as_dict() == base | failed | {"pending_events": 1, "inflight_uses": 1}
     fake.complete(copy)
-    assert bridge.stats() == base | failed | {"live_allocations": 1, "live_bytes": 8, "backend_frees": 1}
+    assert bridge.stats().as_dict() == base | failed | {"live_allocations": 1, "live_bytes": 8, "backend_frees": 1}

@@ -69,7 +69,7 @@ def test_each_call_first_applies_a_view_collected_while_no_call_ran(
     after = ops(fake)[len(before) :]
     assert after[0] == ("free", 0), after  # the view's end came first, releasing the memory
     assert op is None or after[1][0] == op, after
-    assert bridge.stats()["backend_frees"] == (2 if name == "restart" else 1)  # restart frees `other` too
+    assert bridge.stats().backend_frees == (2 if name == "restart" else 1)  # restart frees `other` too
 
 
 def test_a_new_bridge_tells_the_backend_generation_0(fake: FakeBackend) -> None:
@@ -106,7 +106,7 @@ def test_the_largest_extent_reaches_the_backend_and_one_more_byte_does_not(fake:
 
 def counts(bridge: Bridge, *keys: str) -> dict[str, int]:
     stats = bridge.stats()
-    return {k: stats[k] for k in keys}
+    return {k: getattr(stats, k) for k in keys}
 
 
 def test_stats_count_each_output_copy_once_and_its_bytes(fake: FakeBackend, bridge: Bridge, ring: HostRing) -> None:
@@ -145,7 +145,7 @@ def test_a_compute_the_backend_refuses_is_compute_f_and_nothing_is_in_use() -> N
     with refused("COMPUTE-F"):
         bridge.compute(h)
     assert counts(bridge, "computes", "compute_failures") == {"computes": 0, "compute_failures": 1}
-    assert bridge.state(h) == "allocated" and bridge.pins(h)["computes"] == 0
+    assert bridge.state(h) == "allocated" and bridge.pins(h).computes == 0
     bridge.free_device(h)  # nothing holds it: freed at once
     assert [c.op for c in fake.calls] == ["alloc", "compute", "free"]
 
@@ -242,7 +242,7 @@ def test_a_synchronous_copy_on_a_deaf_backend_waits_for_the_copy_it_follows(ring
     out = ring.reserve(4)
     bridge.device_to_host(DeviceRange(h, 0, 4), out, sync=True)  # RAW: waits for e0 first
     assert e0.done() and bytes(ring.view(out)) == b"abcd"
-    assert inputs(fake) == [("copy_in", False), ("copy_out", True)] and bridge.stats()["waits"] == 1
+    assert inputs(fake) == [("copy_in", False), ("copy_out", True)] and bridge.stats().waits == 1
 
 
 def test_a_compute_completed_inside_its_block_ends_as_the_block_exits(fake: FakeBackend, bridge: Bridge) -> None:
@@ -495,7 +495,7 @@ def test_a_queued_report_of_an_event_already_ended_is_dropped(
     e = bridge.host_to_device(put(ring, b"abcd"), DeviceRange(h, 0, 4), sync=False)
     completed_while_the_lock_is_busy(bridge, fake, e)
     assert e.done()  # asks the backend itself
-    assert bridge.poll() == 0 and bridge.state(h) == "idle" and bridge.stats()["copies_in"] == 1
+    assert bridge.poll() == 0 and bridge.state(h) == "idle" and bridge.stats().copies_in == 1
 
 
 @pytest.mark.holds("PIN-1")
@@ -541,7 +541,7 @@ def test_a_held_copy_the_backend_finishes_at_submission_ends_as_it_is_launched(
     e1 = bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(h, 0, 4), sync=False)  # held (WAW)
     fake.finish_at_once = True
     fake.complete(e0)
-    assert bridge.state(h) == "idle" and bridge.pins(h)["copies_in"] == 0
+    assert bridge.state(h) == "idle" and bridge.pins(h).copies_in == 0
     assert e1.done() and e1.error is None and bytes(fake.buffer(0).data[:4]) == b"wxyz"
 
 
@@ -569,7 +569,7 @@ def test_poll_finishes_a_download_launched_behind_a_compute_once_on_the_fake() -
     assert bridge.poll() == 1  # the compute; the download ended inside its launch
     assert comp.done() and down.done() and down.error is None and bytes(ring.view(out)) == b"\x07"
     assert [c.op for c in fake.calls] == ["alloc", "copy_in", "compute", "copy_out"]
-    assert bridge.stats()["pending_events"] == 0 and bridge.state(h) == "idle"
+    assert bridge.stats().pending_events == 0 and bridge.state(h) == "idle"
 
 
 @pytest.mark.parametrize("reported", [True, False], ids=["reported", "found by poll"])
@@ -587,7 +587,7 @@ def test_a_chain_of_three_held_copies_each_done_at_launch_ends_each_once_in_issu
     up2 = bridge.host_to_device(put(ring, b"wxyz"), DeviceRange(h, 0, 4), sync=False)  # WAR behind it
     down2 = bridge.device_to_host(DeviceRange(h, 0, 4), out2, sync=False)  # RAW behind that
     events = [first, down1, up2, down2]
-    assert [c.op for c in fake.calls] == ["alloc", "copy_in"] and bridge.stats()["held"] == 3
+    assert [c.op for c in fake.calls] == ["alloc", "copy_in"] and bridge.stats().held == 3
     ended: list[int] = []
     original = bridge_module._Execution.ended
 
@@ -608,7 +608,7 @@ def test_a_chain_of_three_held_copies_each_done_at_launch_ends_each_once_in_issu
         ("copy_in", False), ("copy_out", False), ("copy_in", False), ("copy_out", False)
     ]  # fmt: skip
     assert bytes(ring.view(out1)) == b"abcd" and bytes(ring.view(out2)) == b"wxyz"
-    assert bridge.stats()["inflight_uses"] == 0 and bridge.state(h) == "idle"
+    assert bridge.stats().inflight_uses == 0 and bridge.state(h) == "idle"
 
 
 def test_a_log_handler_that_calls_back_and_ends_a_deferred_release_does_not_break_the_warning_loop(
@@ -688,8 +688,8 @@ def test_wait_any_over_events_that_the_first_ones_end_returns_the_first_done_in_
     downs = [bridge.device_to_host(DeviceRange(h, 2 * i, 2), outs[i], sync=False) for i in range(2)]
     fake.complete(comp)
     fake.finish_at_once = True
-    assert bridge.stats()["pending_events"] == 3  # the bridge has not heard of the compute's end
+    assert bridge.stats().pending_events == 3  # the bridge has not heard of the compute's end
     assert bridge.wait_any([downs[1], downs[0], comp], timeout=5) is downs[1]
     assert all(e.done() and e.error is None for e in [comp, *downs])
     assert [bytes(ring.view(o)) for o in outs] == [b"ab", b"cd"]
-    assert [c.op for c in fake.calls].count("copy_out") == 2 and bridge.stats()["pending_events"] == 0
+    assert [c.op for c in fake.calls].count("copy_out") == 2 and bridge.stats().pending_events == 0

@@ -142,7 +142,7 @@ def test_injected_faults_surface_as_typed_errors(h: Harness) -> None:
     comp = h.bridge.compute(x)
     h.settle(comp)
     assert isinstance(comp.error, ComputeError) and h.bridge.state(x) == "idle"
-    assert h.bridge.stats()["copy_failures"] == 3 and h.bridge.stats()["compute_failures"] == 1
+    assert h.bridge.stats().copy_failures == 3 and h.bridge.stats().compute_failures == 1
 
 
 def test_views_share_memory_and_compute_like_numpy(h: Harness) -> None:

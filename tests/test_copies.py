@@ -124,7 +124,7 @@ def test_sync_h2d_failure_raises_and_keeps_host_bytes_for_a_retry(
         bridge.host_to_device(src, DeviceRange(h, 0, 8))
     assert not isinstance(e.value, OutputCopyError)
     assert not ring.released(src) and bridge.state(h) == "allocated"
-    assert bridge.stats()["copy_failures"] == 1
+    assert bridge.stats().copy_failures == 1
     bridge.host_to_device(src, DeviceRange(h, 0, 8))
     assert ring.released(src) and read_device(bridge, ring, h, 0, 8) == b"retry me"
 
@@ -146,7 +146,7 @@ def test_async_h2d_failure_surfaces_from_the_event(
     with refused("COPY-F"):
         ev.wait()
     assert not ring.released(src) and bridge.state(h) == "idle"
-    assert bytes(fake.buffer(0).data) == bytes(8) and bridge.stats()["copy_failures"] == 1
+    assert bytes(fake.buffer(0).data) == bytes(8) and bridge.stats().copy_failures == 1
 
 
 @pytest.mark.holds("COPY-F", "D2H-3")
@@ -380,4 +380,4 @@ def test_an_async_copy_the_backend_finishes_at_submission_ends_as_a_sync_copy_do
         results.append((bridge.state(h), bridge.stats(), ring.snapshot()))
     (sync_state, sync_stats, sync_ring), (async_state, async_stats, async_ring) = results
     assert async_state == sync_state == "idle" and async_ring == sync_ring
-    assert async_stats == sync_stats and async_stats["pending_events"] == 0
+    assert async_stats == sync_stats and async_stats.pending_events == 0

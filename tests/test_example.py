@@ -47,7 +47,7 @@ def test_readme_usage_block_runs() -> None:
     namespace: dict[str, object] = {}
     exec(compile(block, "README.md", "exec"), namespace)
     bridge = namespace["bridge"]
-    assert bridge.stats()["backend_frees"] == 1 and bridge.stats()["live_allocations"] == 0  # type: ignore[attr-defined]
+    assert bridge.stats().backend_frees == 1 and bridge.stats().live_allocations == 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES, ids=lambda v: str(v))

@@ -37,7 +37,7 @@ def test_restart_releases_idle_memory_now_and_busy_memory_once_the_backend_is_do
     fresh = bridge.alloc_device(U8, 8)
     bridge.host_to_device(src, DeviceRange(fresh, 0, 8))
     assert ring.released(src) and read_device(bridge, ring, fresh, 0, 8) == b"inflight"
-    assert bridge.stats()["aborted"] == 1 and bridge.stats()["restarts"] == 1
+    assert bridge.stats().aborted == 1 and bridge.stats().restarts == 1
 
 
 @pytest.mark.holds("GEN-1")

@@ -1126,7 +1126,7 @@ def test_well_typed_flags_timeouts_backends_and_test_controls_are_accepted() -> 
         for timeout in (None, 0, 0.0, 0.5, 1, 10**9):
             ev.wait(timeout)
         assert bytes(w.ring.view(out)) == b"iiii"
-    assert w.bridge.stats()["copy_failures"] == 1  # only the world's own failed copy
+    assert w.bridge.stats().copy_failures == 1  # only the world's own failed copy
     assert isinstance(Bridge(FakeBackend()), Bridge) and isinstance(Bridge(FaultyBackend(FakeBackend())), Bridge)
     assert (FakeBackend(None).capacity, FakeBackend(100).capacity) == (None, 100)
     for op in ("alloc", "copy_in", "copy_out", "compute", "view", "free", "query"):

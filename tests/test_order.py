@@ -61,7 +61,7 @@ def test_async_write_after_async_write_is_held_until_the_first_completes(
     with deferred("ORDER-1", fake.ops, held="copy_in"):
         second = bridge.host_to_device(put(ring, b"BBBB"), DeviceRange(h, 4, 4), sync=False)  # overlaps [4, 6)
     assert calls(fake) == [("copy_in", 2, 4, False)] and second.backend_token is None
-    assert not second.done() and bridge.stats()["held"] == 1
+    assert not second.done() and bridge.stats().held == 1
     fake.complete(first)
     assert first.done() and not second.done()
     assert calls(fake) == [("copy_in", 2, 4, False), ("copy_in", 4, 4, False)]
@@ -85,7 +85,7 @@ def test_disjoint_async_copies_overlap_and_complete_in_any_order(
     fake.complete(read_low)
     fake.complete(low)
     assert bytes(ring.view(out)) == b"HHHH" and bytes(fake.buffer(0).data) == b"LLLLHHHH"
-    assert bridge.stats()["held"] == 1
+    assert bridge.stats().held == 1
 
 
 @pytest.mark.holds("ORDER-1")
@@ -127,7 +127,7 @@ def test_sync_read_after_async_write_waits_for_the_write(bridge: Bridge, fake: F
     assert read_device(bridge, ring, h, 0, 4) == b"data"
     assert write.done() and write.error is None
     assert calls(fake) == [("copy_in", 0, 4, False), ("copy_out", 0, 4, True)]
-    assert bridge.stats()["waits"] == 1
+    assert bridge.stats().waits == 1
 
 
 @pytest.mark.holds("ORDER-1")
@@ -231,7 +231,7 @@ def test_a_launch_the_backend_refuses_fails_that_copy_and_launches_its_followers
     assert isinstance(refused.error, DeviceCopyError) and "refused" in str(refused.error)
     assert calls(fake)[-1] == ("copy_out", 0, 4, False)  # the follower of the refused copy went on
     fake.complete(read)
-    assert bytes(ring.view(out)) == b"1111" and bridge.stats()["copy_failures"] == 1
+    assert bytes(ring.view(out)) == b"1111" and bridge.stats().copy_failures == 1
 
 
 @pytest.mark.holds("ORDER-1")
@@ -244,7 +244,7 @@ def test_a_long_chain_of_held_copies_is_launched_and_aborted_without_recursion(f
     bridge.restart()  # every held copy is aborted as its predecessor ends: one loop, no recursion
     fake.complete(events[0])
     assert all(isinstance(e.error, StaleHandleError) for e in events[1:]) and events[0].error is not None
-    assert bridge.stats()["inflight_uses"] == 0 and fake.ops().count("copy_in") == 1
+    assert bridge.stats().inflight_uses == 0 and fake.ops().count("copy_in") == 1
 
 
 # ------------------------------------------------------------ ORDER-2
@@ -331,4 +331,4 @@ def test_only_a_wait_on_an_open_compute_is_refused_and_closing_the_block_lifts_i
         assert read_device(bridge, ring, b, 0, 4) == b"bbbb"
     bridge.host_to_device(put(ring, b"aaaa"), DeviceRange(a, 0, 4))  # waits for the closed compute
     assert comp.done() and comp.error is None and bytes(fake.buffer(0).data) == b"aaaa"
-    assert calls(fake)[-1] == ("copy_in", 0, 4, True) and bridge.stats()["waits"] == 1
+    assert calls(fake)[-1] == ("copy_in", 0, 4, True) and bridge.stats().waits == 1

@@ -46,7 +46,7 @@ def test_completions_from_another_thread_release_every_byte_exactly_once() -> No
     assert not thread.is_alive() and crashed == []
     for ev, src in events:
         assert ev.done() and ev.error is None and ring.released(src)
-    assert ring.cursor == ring.head and bridge.stats()["pending_events"] == 0
+    assert ring.cursor == ring.head and bridge.stats().pending_events == 0
     assert all(bridge.state(h) == "idle" for h in handles)
     assert fake.violations == []
     # the last copy into each handle wins, byte for byte

@@ -86,7 +86,7 @@ def test_copy_thread_completions_reach_the_bridge_from_another_thread() -> None:
     for ev, src in events:
         ev.wait(timeout=30)
         assert ring.released(src)
-    assert threading.active_count() >= 2 and bridge.stats()["pending_events"] == 0
+    assert threading.active_count() >= 2 and bridge.stats().pending_events == 0
     out = ring.reserve(16 * n)
     bridge.device_to_host(DeviceRange(x, 0, 16 * n), out)
     assert bytes(ring.view(out)) == b"".join(bytes([i]) * n for i in range(16))
@@ -338,7 +338,7 @@ def test_poll_finishes_a_download_launched_behind_a_compute_once(device: str) ->
     assert finished == 1 or device == "CL"
     down.wait(timeout=30)
     assert comp.done() and comp.error is None and down.error is None
-    assert bytes(ring.view(out)) == b"\x01" and bridge.stats()["pending_events"] == 0
+    assert bytes(ring.view(out)) == b"\x01" and bridge.stats().pending_events == 0
     del view
 
 

@@ -109,15 +109,15 @@ def test_a_reshape_keeps_the_allocation_in_use_after_the_view_is_dropped(make_ri
     del v
     gc.collect()
     assert rig.bridge.state(h) == "computing"
-    assert rig.bridge.pins(h) == {
+    assert rig.bridge.pins(h).as_dict() == {
         "state": "computing", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": 0.0,
     }  # fmt: skip
     with deferred("VIEW-3", rig.ops):
         rig.bridge.free_device(h)
     assert rig.bridge.state(h) == "free_pending" and rig.ops() == ["alloc", "copy_in", "view"]
     pins = rig.bridge.pins(h)
-    assert isinstance(pins["waiting_s"], float) and 0.0 <= pins["waiting_s"] < 60.0
-    assert pins | {"waiting_s": None} == {
+    assert isinstance(pins.waiting_s, float) and 0.0 <= pins.waiting_s < 60.0
+    assert pins.as_dict() | {"waiting_s": None} == {
         "state": "free_pending", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": None,
     }  # fmt: skip
     got = d.numpy()  # the allocation's bytes, not the fake's poison (0xDD)
@@ -196,7 +196,7 @@ def test_load_state_dict_consume_keeps_the_weights_in_use_while_the_model_lives(
         rig.bridge.free_device(hw)
         rig.bridge.free_device(hb)
     assert [rig.bridge.state(hw), rig.bridge.state(hb)] == ["free_pending", "free_pending"]
-    assert rig.bridge.stats()["live_bytes"] == 80 and rig.frees() == 0
+    assert rig.bridge.stats().live_bytes == 80 and rig.frees() == 0
     x = np.array([[1, 2, 3, 4], [0, -1, 2, -3]], dtype=np.float32)
     out = model(Tensor(x)).numpy()
     assert out.tobytes() == (x @ w.T + b).tobytes()  # the weights are still the allocations' bytes
@@ -205,7 +205,7 @@ def test_load_state_dict_consume_keeps_the_weights_in_use_while_the_model_lives(
     gc.collect()
     assert rig.bridge.poll() == 2
     assert [rig.bridge.state(hw), rig.bridge.state(hb)] == ["freed", "freed"]
-    assert rig.bridge.stats()["live_bytes"] == 0 and rig.frees() == 2
+    assert rig.bridge.stats().live_bytes == 0 and rig.frees() == 2
 
 
 # ---------------------------------------------------------------- TinyJit holding views
@@ -251,14 +251,14 @@ def test_a_jit_holding_its_output_view_pins_it_until_the_jit_is_deleted(
     del x, out
     gc.collect()
     assert rig.bridge.state(hx) == "idle"  # the input was an argument: the JIT did not keep it
-    assert rig.bridge.pins(ho) == {
+    assert rig.bridge.pins(ho).as_dict() == {
         "state": "computing", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": 0.0,
     }  # fmt: skip
     rig.bridge.free_device(hx)
     with deferred("VIEW-3", rig.ops):
         rig.bridge.free_device(ho)
     assert [rig.bridge.state(hx), rig.bridge.state(ho)] == ["freed", "free_pending"] and rig.frees() == 1
-    assert rig.bridge.pins(ho)["views"] == 1
+    assert rig.bridge.pins(ho).views == 1
     assert devbridge_warnings(caplog) == []
     assert rig.bridge.poll() == 0
     warned = devbridge_warnings(caplog)
@@ -300,8 +300,8 @@ def test_weights_captured_by_a_jit_closure_stay_pinned_across_restart(
         rig.bridge.restart()
     assert rig.bridge.state(hw) == "stale_pending" and rig.frees() == 0
     pins = rig.bridge.pins(hw)
-    assert isinstance(pins["waiting_s"], float) and 0.0 <= pins["waiting_s"] < 60.0
-    assert pins | {"waiting_s": None} == {
+    assert isinstance(pins.waiting_s, float) and 0.0 <= pins.waiting_s < 60.0
+    assert pins.as_dict() | {"waiting_s": None} == {
         "state": "stale_pending", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": None,
     }  # fmt: skip
     assert rig.bridge.poll() == 0
@@ -387,4 +387,4 @@ def test_a_jitted_step_over_views_passed_as_arguments_pins_nothing_between_steps
     for h in handles:
         bridge.free_device(h)
     assert [bridge.state(h) for h in handles] == ["freed"] * len(handles)
-    assert rig.frees() == frees + len(handles) and bridge.stats()["live_allocations"] == 0
+    assert rig.frees() == frees + len(handles) and bridge.stats().live_allocations == 0

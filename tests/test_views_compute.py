@@ -142,7 +142,7 @@ def test_compute_failure_surfaces_and_ends_the_use(bridge: Bridge, fake: FakeBac
     assert isinstance(ev.error, ComputeError) and ev.error.rule == "COMPUTE-F"
     with refused("COMPUTE-F"):
         ev.wait()
-    assert bridge.state(h) == "idle" and bridge.stats()["compute_failures"] == 1
+    assert bridge.state(h) == "idle" and bridge.stats().compute_failures == 1
 
 
 def test_wait_times_out_on_an_event_nobody_completes(bridge: Bridge, fake: FakeBackend) -> None:
@@ -157,7 +157,7 @@ def test_wait_times_out_on_an_event_nobody_completes(bridge: Bridge, fake: FakeB
 @pytest.mark.holds("PIN-1")
 def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBackend, ring: HostRing) -> None:
     h = bridge.alloc_device(U8, 32)
-    assert bridge.pins(h) == {
+    assert bridge.pins(h).as_dict() == {
         "state": "allocated", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0,
     }  # fmt: skip
     ev = bridge.compute(h)
@@ -167,18 +167,18 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     derived = view.reshape(4)
     del view
     pins = bridge.pins(h)
-    assert {k: v for k, v in pins.items() if k != "waiting_s"} == {
+    assert {k: v for k, v in pins.as_dict().items() if k != "waiting_s"} == {
         "state": "copying_computing", "copies_in": 1, "copies_out": 1, "computes": 1, "views": 1,
     }  # fmt: skip
-    assert pins["waiting_s"] == 0.0
+    assert pins.waiting_s == 0.0
     bridge.free_device(h)
     for event in (ev, up, down):
         fake.complete(event)
     pins = bridge.pins(h)
-    assert (pins["state"], pins["views"], pins["computes"]) == ("free_pending", 1, 0)
-    assert isinstance(pins["waiting_s"], float) and pins["waiting_s"] >= 0.0
+    assert (pins.state, pins.views, pins.computes) == ("free_pending", 1, 0)
+    assert isinstance(pins.waiting_s, float) and pins.waiting_s >= 0.0
     del derived
-    assert bridge.poll() == 1 and bridge.pins(h)["state"] == "freed" and fake.ops().count("free") == 1
+    assert bridge.poll() == 1 and bridge.pins(h).state == "freed" and fake.ops().count("free") == 1
 
 
 @pytest.mark.rejects("PIN-1")
@@ -211,7 +211,7 @@ def test_a_free_after_the_views_tensor_was_collected_frees_at_once(bridge: Bridg
     gc.collect()
     bridge.free_device(h)  # no poll() first: the free itself sees the view is gone
     assert bridge.state(h) == "freed" and fake.ops() == ["alloc", "view", "free"]
-    assert bridge.stats()["deferred_frees"] == 0
+    assert bridge.stats().deferred_frees == 0
 
 
 class Extending(FakeBackend):

@@ -78,7 +78,7 @@ def test_waits_time_out_and_change_nothing(call: str, ring: HostRing, hung: Fake
         getattr(bridge, call)(events, timeout=0.05)
     assert isinstance(e.value, TimeoutError)
     assert time.monotonic() - start < 10 and not any(ev.done() for ev in events)
-    assert bridge.stats()["pending_events"] == 2
+    assert bridge.stats().pending_events == 2
 
 
 BAD = {
@@ -185,7 +185,7 @@ def test_waits_on_a_backend_that_cannot_report_completions_query_it(call: str, r
         assert got in (first, second) and got.done() and got.error is None
     else:
         bridge.wait_all([first, second], timeout=30)
-        assert first.done() and second.done() and bridge.stats()["pending_events"] == 0
+        assert first.done() and second.done() and bridge.stats().pending_events == 0
 
 
 @pytest.mark.holds("COPY-F")

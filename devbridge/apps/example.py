@@ -93,22 +93,22 @@ def run_example(
         outputs.release(out)
     stats = bridge.stats()
     calls = {
-        "allocs": stats["allocs"],
-        "backend_frees": stats["backend_frees"],
-        "copies_in": stats["copies_in"],
-        "copies_out": stats["copies_out"],
-        "computes": stats["computes"],
-        "views": stats["views"],
+        "allocs": stats.allocs,
+        "backend_frees": stats.backend_frees,
+        "copies_in": stats.copies_in,
+        "copies_out": stats.copies_out,
+        "computes": stats.computes,
+        "views": stats.views,
     }
     return ExampleReport(
         objects=objects,
         verified=verified,
         lost=objects - verified,
-        bytes_in=stats["bytes_in"],
-        bytes_out=stats["bytes_out"],
-        deferred_frees=stats["deferred_frees"],
+        bytes_in=stats.bytes_in,
+        bytes_out=stats.bytes_out,
+        deferred_frees=stats.deferred_frees,
         calls=calls,
-        live_allocations=stats["live_allocations"],
+        live_allocations=stats.live_allocations,
         unreleased_host_bytes=(inputs.head - inputs.cursor) + (outputs.head - outputs.cursor),
         seconds=time.perf_counter() - start,
     )
@@ -121,7 +121,7 @@ class JitReport:
     restarts: int
     live_allocations: int  # at the end, after the weights are freed: 0
     captured_state: str  # what the bridge says of an allocation a JIT captured by closure, after its free
-    captured_views: int  # pins(handle)["views"] for it
+    captured_views: int  # pins(handle).views for it
     captured_released: bool  # released once the JIT is gone
 
 
@@ -214,8 +214,8 @@ def run_jit_example(
         steps=steps,
         verified=verified,
         restarts=restarts,
-        live_allocations=bridge.stats()["live_allocations"],
-        captured_state=str(pins["state"]),
-        captured_views=int(str(pins["views"])),
+        live_allocations=bridge.stats().live_allocations,
+        captured_state=pins.state,
+        captured_views=pins.views,
         captured_released=bridge.state(w) == "freed",
     )

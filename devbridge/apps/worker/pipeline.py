@@ -327,7 +327,7 @@ class Worker:
 
     def note_live(self) -> None:
         """Track the peak of live allocations (called where the worker allocates, not per pass)."""
-        self.peak_live = max(self.peak_live, self.bridge.stats()["live_allocations"])
+        self.peak_live = max(self.peak_live, self.bridge.stats().live_allocations)
 
     def take_slot(self) -> Slot | None:
         """A slot from the pool, or a new one while the window allows; None for now (retried)."""
@@ -461,8 +461,8 @@ class Worker:
             gb_per_s_in=got * self.in_bytes / seconds / 1e9,
             gb_per_s_out=got * self.out_bytes / seconds / 1e9,
             peak_live_allocations=self.peak_live,
-            allocations=stats["allocs"],
-            deferred_frees=stats["deferred_frees"],
+            allocations=stats.allocs,
+            deferred_frees=stats.deferred_frees,
             faults_injected=self.injected(),
             faults_recovered=self.failures_retried,
             free_failures=self.free_failures,
