@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +136,12 @@ class FakeBackend:
     reads_sync_late = False
 
     def __init__(
-        self, capacity: int | None = DEFAULT_CAPACITY, *, run_on_wait: bool = True, in_order: bool = False
+        self,
+        capacity: int | None = DEFAULT_CAPACITY,
+        *,
+        run_on_wait: bool = True,
+        in_order: bool = False,
+        calls_kept: int | None = None,
     ) -> None:
         """`capacity` is the device size in bytes (None: unlimited); beyond it alloc fails.
         `run_on_wait`: `wait` runs the pending work it waits for (False: it blocks until a test,
@@ -144,22 +149,36 @@ class FakeBackend:
         `in_order`: one in-order queue, as a CL or CUDA stream runs it: an event completes only
         after every event submitted before it (completing one completes those first), and a
         synchronous copy runs once everything ahead of it has (a compute marker moves to the
-        queue's tail when its `with` block exits)."""
+        queue's tail when its `with` block exits).
+        `calls_kept`: how many of the latest calls `calls` keeps (None: all of them; 0: none), for
+        long runs; `counts` counts every call by op either way.
+
+        The fake forgets what is over: a freed buffer (its id stays known as freed: ids are
+        never reused), a settled event nobody holds, calls beyond `calls_kept`. Memory in use is
+        a running count, so a soak of any length runs in flat memory and time."""
         size = None if capacity is None else as_count(capacity)
         if capacity is not None and (size is None or size <= 0):
             raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
         self.capacity = size
         self.run_on_wait = _bool_arg("run_on_wait", run_on_wait)
         self.in_order = _bool_arg("in_order", in_order)
+        kept = None if calls_kept is None else as_count(calls_kept)
+        if calls_kept is not None and (kept is None or kept < 0):
+            raise InvalidArgumentError("ARG-1", f"calls_kept must be None or an int >= 0, got {short(calls_kept)}")
         #: While True, an asynchronous copy that is not armed to fail finishes at submission (its
         #: token is done on return), as the tinygrad backend does with a small copy to an idle CPU.
         self.finish_at_once = False
         self._late: list[FakeEvent] = []  # reads_sync_late: copies reported done whose bytes wait
         self.generation = 0
-        self.calls: list[Call] = []
+        self.calls: list[Call] | deque[Call] = [] if kept is None else deque(maxlen=kept)
+        self.counts: Counter[str] = Counter()  # every call by op, however many `calls` keeps
         self.violations: list[FakeViolation] = []  # each also raised where it happened
-        self._buffers: dict[int, FakeBuffer] = {}
-        self._events: dict[int, FakeEvent] = {}
+        self._buffers: dict[int, FakeBuffer] = {}  # live buffers; ids below _made that are not here were freed
+        self._made = 0  # buffers made so far: the next buffer's id
+        self._in_use = 0  # bytes of the live buffers
+        # events by id while anyone (the Bridge, a test, the pending list) holds them
+        self._events: weakref.WeakValueDictionary[int, FakeEvent] = weakref.WeakValueDictionary()
+        self._made_events = 0
         self._live: list[FakeEvent] = []  # events that may be pending, oldest first (pruned as they finish)
         self._faults: Counter[str] = Counter()
         self._listeners: list[Callable[[object], None]] = []
@@ -209,19 +228,45 @@ class FakeBackend:
     @property
     def live_allocations(self) -> int:
         with self._cond:
-            return sum(not b.freed for b in self._buffers.values())
+            return len(self._buffers)
+
+    @property
+    def events_known(self) -> int:
+        """Events the fake still knows: pending ones, and settled ones somebody still holds."""
+        with self._cond:
+            return len(self._events)
+
+    @property
+    def bytes_in_use(self) -> int:
+        """Bytes of the live buffers (a running count)."""
+        return self._in_use
 
     def buffer(self, buffer_id: int) -> FakeBuffer:
+        """A live buffer (KeyError once it is freed: the fake forgets it)."""
         return self._buffers[buffer_id]
 
+    def device_bytes(self, buffer_id: int) -> bytes | None:
+        """A live buffer's bytes; None once it is freed."""
+        with self._cond:
+            buf = self._buffers.get(buffer_id)
+            return None if buf is None else bytes(buf.data)
+
+    def live_views(self, buffer_id: int) -> int:
+        """Views of a live buffer that a tensor still reaches; 0 once it is freed (a free under a
+        live view is refused: `free-under-view`)."""
+        with self._cond:
+            buf = self._buffers.get(buffer_id)
+            return 0 if buf is None else buf.live_views()
+
     def snapshot(self) -> tuple[object, ...]:
-        """Calls, every buffer's bytes (guards included) and event statuses: for
+        """Calls, every live buffer's bytes (guards included) and the pending events: for
         tests asserting that a rejected call changed nothing."""
         with self._cond:
             return (
                 tuple(self.calls),
-                tuple((b.id, b.freed, b.raw.tobytes()) for b in self._buffers.values()),
-                tuple((e.id, e.status) for e in self._events.values()),
+                tuple(self.counts.items()),
+                tuple((b.id, b.raw.tobytes()) for b in self._buffers.values()),
+                tuple((e.id, e.status) for e in self.pending()),
                 tuple(self._faults.items()),
             )
 
@@ -237,10 +282,9 @@ class FakeBackend:
 
     def alloc(self, nbytes: int, dtype: str) -> object:
         with self._cond:
-            buffer_id = len(self._buffers)
-            self.calls.append(Call("alloc", buffer_id, 0, nbytes, generation=self.generation))
-            in_use = sum(b.nbytes for b in self._buffers.values() if not b.freed)
-            if self._take_fault("alloc") or (self.capacity is not None and in_use + nbytes > self.capacity):
+            buffer_id = self._made
+            self._record(Call("alloc", buffer_id, 0, nbytes, generation=self.generation))
+            if self._take_fault("alloc") or (self.capacity is not None and self._in_use + nbytes > self.capacity):
                 raise BackendError(f"fake: cannot allocate {nbytes} B")
             try:
                 raw = np.full(nbytes + 2 * GUARD, GUARD_BYTE, dtype=np.uint8)
@@ -248,27 +292,32 @@ class FakeBackend:
                 raise BackendError(f"fake: cannot allocate {nbytes} B: {e}") from e
             raw[GUARD : GUARD + nbytes] = 0
             self._buffers[buffer_id] = FakeBuffer(buffer_id, nbytes, dtype, self.generation, raw)
+            self._made += 1
+            self._in_use += nbytes
             return buffer_id
 
     def free(self, buffer: object) -> None:
         with self._cond:
             self._run_late()
             buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
-            if buf is None:
+            freed = buf is None and self._was_freed(buffer)
+            if buf is None and not freed:
                 self._violate("unknown-buffer", f"free of unknown buffer {buffer!r}")
-            assert buf is not None
-            self.calls.append(Call("free", buf.id, generation=self.generation))
+            self._record(Call("free", int(buffer) if buf is None else buf.id, generation=self.generation))  # type: ignore[call-overload]
             if self._take_fault("free"):
-                raise BackendError(f"fake: cannot free buffer #{buf.id}")
-            if buf.freed:
-                self._violate("double-free", f"buffer #{buf.id} freed twice")
+                raise BackendError(f"fake: cannot free buffer #{buffer}")
+            if buf is None:
+                self._violate("double-free", f"buffer #{buffer} freed twice")
+            assert buf is not None
             if busy := [e.id for e in self.pending() if buf.id in e.buffers]:
                 self._violate("free-in-use", f"buffer #{buf.id} freed while events {busy} use it")
             if buf.live_views():
                 self._violate("free-under-view", f"buffer #{buf.id} freed while {buf.live_views()} view(s) can read it")
             self._check_guards(buf)
             buf.freed = True
-            buf.data[:] = POISON_BYTE
+            buf.data[:] = POISON_BYTE  # for whoever still holds it (a test, a view's memory)
+            del self._buffers[buf.id]
+            self._in_use -= buf.nbytes
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
         with self._cond:
@@ -287,7 +336,7 @@ class FakeBackend:
                 self._write(buf, offset, data)
 
             ev = self._new_event("copy_in", (buf.id,), move, span)
-            self.calls.append(Call("copy_in", buf.id, offset, len(src), sync, ev.id, generation=self.generation))
+            self._record(Call("copy_in", buf.id, offset, len(src), sync, ev.id, generation=self.generation))
             return self._submit(ev, sync)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
@@ -299,7 +348,7 @@ class FakeBackend:
                 dst[:] = buf.data[offset : offset + len(dst)].tobytes()
 
             ev = self._new_event("copy_out", (buf.id,), move, (offset, offset + len(dst)))
-            self.calls.append(Call("copy_out", buf.id, offset, len(dst), sync, ev.id, generation=self.generation))
+            self._record(Call("copy_out", buf.id, offset, len(dst), sync, ev.id, generation=self.generation))
             return self._submit(ev, sync)
 
     def compute(self, buffers: Sequence[object]) -> object:
@@ -307,7 +356,7 @@ class FakeBackend:
             self._run_late()
             bufs = [self._usable(b, 0, 0, "compute") for b in buffers]
             ev = self._new_event("compute", tuple(b.id for b in bufs), None)
-            self.calls.append(Call("compute", event=ev.id, buffers=ev.buffers, generation=self.generation))
+            self._record(Call("compute", event=ev.id, buffers=ev.buffers, generation=self.generation))
             return ev
 
     def extend(self, token: object) -> None:
@@ -328,9 +377,7 @@ class FakeBackend:
         with self._cond:
             nbytes = int(np.prod(shape)) * tg.dtype_of(dtype).itemsize
             buf = self._usable(buffer, offset, nbytes, "view")
-            self.calls.append(
-                Call("view", buf.id, offset, nbytes, shape=shape, dtype=dtype, generation=self.generation)
-            )
+            self._record(Call("view", buf.id, offset, nbytes, shape=shape, dtype=dtype, generation=self.generation))
             if self._take_fault("view"):
                 raise BackendError(f"fake: cannot view buffer #{buf.id}")
             if offset % tg.VIEW_ALIGNMENT:
@@ -395,6 +442,14 @@ class FakeBackend:
                 self._cond.notify_all()
             raise BackendError(f"fake: {op} of event #{ev.id} failed")
 
+    def _record(self, call: Call) -> None:
+        self.calls.append(call)
+        self.counts[call.op] += 1
+
+    def _was_freed(self, buffer: object) -> bool:
+        """An id the fake made and then freed (ids are never reused)."""
+        return isinstance(buffer, int) and 0 <= buffer < self._made and buffer not in self._buffers
+
     def _take_fault(self, op: str) -> bool:
         if self._faults[op] > 0:
             self._faults[op] -= 1
@@ -404,11 +459,11 @@ class FakeBackend:
     def _usable(self, buffer: object, offset: int, nbytes: int, op: str) -> FakeBuffer:
         """The fake's independent checks on a buffer about to be touched."""
         buf = self._buffers.get(buffer) if isinstance(buffer, int) else None
+        if buf is None and self._was_freed(buffer):
+            self._violate("freed-buffer", f"{op} on freed buffer #{buffer}")
         if buf is None:
             self._violate("unknown-buffer", f"{op} on unknown buffer {buffer!r}")
         assert buf is not None
-        if buf.freed:
-            self._violate("freed-buffer", f"{op} on freed buffer #{buf.id}")
         if buf.generation != self.generation:
             self._violate("old-generation", f"{op} on buffer #{buf.id} of old generation {buf.generation}")
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
@@ -421,7 +476,8 @@ class FakeBackend:
         self, op: str, buffers: tuple[int, ...], apply: Callable[[], None] | None, span: tuple[int, int] | None = None
     ) -> FakeEvent:
         self._check_order(op, buffers, span)
-        ev = FakeEvent(len(self._events), op, buffers, self._take_fault(op), apply, span=span)
+        ev = FakeEvent(self._made_events, op, buffers, self._take_fault(op), apply, span=span)
+        self._made_events += 1
         self._events[ev.id] = ev
         self._live.append(ev)
         return ev
@@ -458,7 +514,7 @@ class FakeBackend:
     def _run_late(self) -> None:
         """reads_sync_late: move the bytes of the copies whose events ahead have all ended (at the
         next call that submits or ends work: the device runs what is ready before taking more)."""
-        while ready := [e for e in self._late if not any(self._events[a].pending for a in e.after)]:
+        while ready := [e for e in self._late if not any(self._pending(a) for a in e.after)]:
             for ev in ready:
                 self._late.remove(ev)
                 if ev.apply:
@@ -471,6 +527,10 @@ class FakeBackend:
     def _check_guards(self, buf: FakeBuffer) -> None:
         if (buf.raw[:GUARD] != GUARD_BYTE).any() or (buf.raw[GUARD + buf.nbytes :] != GUARD_BYTE).any():
             self._violate("guard-bytes", f"bytes outside buffer #{buf.id} were written")
+
+    def _pending(self, event_id: int) -> bool:
+        ev = self._events.get(event_id)  # one nobody holds any more is not pending: _live holds those
+        return ev is not None and ev.pending
 
     def _resolve(self, token: Any) -> FakeEvent:
         token = getattr(token, "backend_token", token)

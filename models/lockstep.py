@@ -770,8 +770,8 @@ class Lockstep:
         for h in self.handles:
             if not self.model.allocs[h.id].released:
                 expected = self.model.device_bytes(h.id)
-                self.emit(f"assert bytes(fake.buffer({h.id}).data) == {expected!r}")
-                ok = bytes(self.fake.buffer(h.id).data) == expected
+                self.emit(f"assert fake.device_bytes({h.id}) == {expected!r}")
+                ok = self.fake.device_bytes(h.id) == expected
                 agree(ok, "device-bytes", f"device bytes of #{h.id} differ from the issue order's")
         self.raise_swallowed("INV-EXACT")
 
@@ -801,7 +801,7 @@ class Lockstep:
         agree(
             waited == 0.0 or str(expected["state"]).endswith("_pending"), "pins", f"#{h.id} waited {waited} s unpinned"
         )
-        views = self.fake.buffer(h.id).live_views()
+        views = self.fake.live_views(h.id)
         agree(views == expected["views"], "pins", f"the fake sees {views} live views, the model {expected['views']}")
 
     def probe_view(self, k: int, r: HostRange) -> None:
