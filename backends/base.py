@@ -41,8 +41,8 @@ FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query",
 
 def fault_count(op: object, times: object) -> int:
     """`times` as a count of faults to arm for `op`; ARG-1 for an unknown op or a bad count."""
+    from devbridge.args import as_count
     from devbridge.errors import InvalidArgumentError, short
-    from devbridge.types import as_count
 
     count = as_count(times)
     if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:

@@ -37,21 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from devbridge.args import flag, optional_count
 from devbridge.backends.base import OK, PENDING, BackendError, Status, fault_count
-from devbridge.errors import InvalidArgumentError, short
-from devbridge.types import as_count
 
 GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDD  # freed memory is poisoned, never returned to the OS
 DEFAULT_CAPACITY = 1 << 30  # the fake device's memory: a huge extent fails like a real device's
 WRITES = {"copy_in": True, "copy_out": False, "compute": True}  # whether each op writes what it touches
-
-
-def _bool_arg(name: str, value: object) -> bool:
-    if type(value) is not bool:
-        raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
-    return value
 
 
 class FakeViolation(AssertionError):
@@ -156,15 +149,10 @@ class FakeBackend:
         The fake forgets what is over: a freed buffer (its id stays known as freed: ids are
         never reused), a settled event nobody holds, calls beyond `calls_kept`. Memory in use is
         a running count, so a soak of any length runs in flat memory and time."""
-        size = None if capacity is None else as_count(capacity)
-        if capacity is not None and (size is None or size <= 0):
-            raise InvalidArgumentError("ARG-1", f"capacity must be None or a positive int, got {short(capacity)}")
-        self.capacity = size
-        self.run_on_wait = _bool_arg("run_on_wait", run_on_wait)
-        self.in_order = _bool_arg("in_order", in_order)
-        kept = None if calls_kept is None else as_count(calls_kept)
-        if calls_kept is not None and (kept is None or kept < 0):
-            raise InvalidArgumentError("ARG-1", f"calls_kept must be None or an int >= 0, got {short(calls_kept)}")
+        self.capacity = optional_count("capacity", capacity, least=1)
+        self.run_on_wait = flag("run_on_wait", run_on_wait)
+        self.in_order = flag("in_order", in_order)
+        kept = optional_count("calls_kept", calls_kept)
         #: While True, an asynchronous copy that is not armed to fail finishes at submission (its
         #: token is done on return), as the tinygrad backend does with a small copy to an idle CPU.
         self.finish_at_once = False
@@ -206,7 +194,7 @@ class FakeBackend:
         events ahead of it first. `report=False`: no listener hears of it (a device marker
         that cannot report): the Bridge finds it done when it queries."""
         ev = self._resolve(event)
-        report = _bool_arg("report", report)
+        report = flag("report", report)
         self._run_ahead(ev, notify=report)
         self._finish(ev, None, notify=report)
 

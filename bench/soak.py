@@ -42,7 +42,7 @@ def soak(backend: Backend, cycles: int, every: int, nbytes: int = 1024, own: boo
     ring = HostRing(4 * nbytes)
     fake = backend if isinstance(backend, FakeBackend) else None
     # the soak's own bookkeeping (its readings, tracemalloc's snapshots) is not the backend's
-    filters: list[tracemalloc.BaseFilter] = [
+    filters: list[tracemalloc.Filter] = [
         tracemalloc.Filter(False, __file__),
         tracemalloc.Filter(False, tracemalloc.__file__),
     ]

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
     BackendFailureError,
@@ -58,8 +59,6 @@ from devbridge.types import (
     DeviceRange,
     ObjectSpec,
     TensorViewSpec,
-    as_count,
-    as_seconds,
 )
 
 if TYPE_CHECKING:
@@ -69,12 +68,6 @@ _owners = itertools.count(1)
 #: How often wait_any queries again when no completion wakes it (for tokens a backend cannot report).
 POLL_S = 0.002
 log = logging.getLogger("devbridge")
-
-
-def _flag(name: str, value: object) -> None:
-    """ARG-1 unless `value` is a bool (not merely truthy)."""
-    if type(value) is not bool:
-        raise InvalidArgumentError("ARG-1", f"{name} must be a bool, got {short(value)}")
 
 
 class Bridge:
@@ -156,14 +149,14 @@ class Bridge:
         (sync) or when the event completes (async); never after a failure. With
         release=False they are only safe to release then, and the worker releases them
         itself (a worker that must survive restarts keeps its inputs until delivered)."""
-        _flag("sync", sync)
-        _flag("release", release)
+        flag("sync", sync)
+        flag("release", release)
         return self._copy("copy_in", src, dst, src, dst, sync, not release)
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst`. The host bytes are valid on return (sync) or
         when the event completes (async); a failed output range is never readable."""
-        _flag("sync", sync)
+        flag("sync", sync)
         return self._copy("copy_out", dst, src, src, dst, sync, False)
 
     def _copy(

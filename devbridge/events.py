@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from devbridge.args import as_seconds
 from devbridge.errors import BridgeError, WaitTimeoutError
 from devbridge.ring import HostRange
-from devbridge.types import DeviceHandle, DeviceRange, as_seconds
+from devbridge.types import DeviceHandle, DeviceRange
 
 
 class Link:
@@ -38,8 +39,7 @@ class Link:
     @staticmethod
     def settle(event: Event, error: BridgeError | None) -> None:
         """The event is done: its effects were applied; `error` is its failure, if any."""
-        event._error = error
-        event._done = True
+        event._settle(error)
 
 
 class Event:
@@ -52,6 +52,11 @@ class Event:
         self.backend_token = backend_token
         self._done = False
         self._error: BridgeError | None = None
+
+    def _settle(self, error: BridgeError | None) -> None:
+        """Done, its effects applied (through its bridge's Link only); `error`: its failure."""
+        self._error = error
+        self._done = True
 
     def done(self) -> bool:
         if not self._done:

@@ -17,8 +17,9 @@ import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
+from devbridge.args import as_count
 from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
-from devbridge.types import as_count, range_fields
+from devbridge.types import range_fields
 
 #: Largest ring the bridge allocates (1 TiB): more is a caller's bug, not a request.
 MAX_CAPACITY = 1 << 40

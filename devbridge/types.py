@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
+from devbridge.args import as_count
 from devbridge.errors import (
-    InvalidArgumentError,
     InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
@@ -35,31 +34,6 @@ DTYPE_SIZES: dict[str, int] = {
 
 #: Largest allocation extent the bridge asks a backend for (256 TiB: beyond any device's memory).
 MAX_EXTENT = 1 << 48
-
-
-def as_count(value: object) -> int | None:
-    """`value` as a plain int when it is an integer (numpy integers included), else None.
-    bool is not a count: `True` as a size is a caller's bug, not 1."""
-    if type(value) is int:
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's integers are Integral
-        try:
-            return int(value)
-        except Exception:  # an int subclass whose __int__ fails
-            return None
-    return None
-
-
-def as_seconds(value: object, what: str) -> float:
-    """`value` as a number of seconds >= 0 (inf allowed); ARG-1 for anything else (bool, NaN, ...)."""
-    try:
-        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        seconds = float(value) if real else math.nan  # type: ignore[arg-type]
-    except (ArithmeticError, TypeError, ValueError):  # too large for a float, or a broken number type
-        seconds = math.nan
-    if math.isnan(seconds) or seconds < 0:
-        raise InvalidArgumentError("ARG-1", f"{what} must be seconds >= 0, got {short(value)}")
-    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,8 +85,8 @@ SEEDED = {
         "from transitions import Machine\n",
         KEPT | {PURE: "BROKEN"},
     ),
-    "the value types import numpy": (
-        "devbridge/types.py",
+    "the argument checks import numpy": (
+        "devbridge/args.py",
         "import numpy\n",
         KEPT | {PURE: "BROKEN"},
     ),

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from devbridge.args import count
 from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.bridge import Bridge
-from devbridge.errors import InvalidArgumentError, short
 from devbridge.events import Event
 from devbridge.ring import HostRing
 from devbridge.testing import FakeBackend
@@ -53,8 +53,7 @@ def run_example(
     """`objects` round trips of `floats` float32 values each on `backend` (a name for
     make_backend, or an opened Backend)."""
     for name, value in (("objects", objects), ("floats", floats)):
-        if type(value) is not int or value < 1:
-            raise InvalidArgumentError("ARG-1", f"{name} must be an int >= 1, got {short(value)}")
+        count(name, value, least=1)
     dev = make_backend(backend, device) if isinstance(backend, str) else backend
     bridge = Bridge(dev)
     nbytes = floats * 4

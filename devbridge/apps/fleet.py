@@ -28,7 +28,7 @@ from typing import Any
 
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, device_worker
-from devbridge.errors import InvalidArgumentError, short
+from devbridge.args import count, refuse
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
@@ -107,8 +107,7 @@ class FleetSummary(Delivery):
 def check_fleet(workers: object, batch: object, kill_every: object) -> None:
     """The fleet's own options (ARG-1), checked before Ray starts."""
     for name, value, least in (("workers", workers, 1), ("batch", batch, 1), ("kill_every", kill_every, 0)):
-        if type(value) is not int or value < least:
-            raise InvalidArgumentError("ARG-1", f"{name} must be an int >= {least}, got {short(value)}")
+        count(name, value, least)
 
 
 def run_fleet(
@@ -133,7 +132,7 @@ def run_fleet(
     if devices is None:
         devices = [f"CPU:{i}" for i in range(workers)] if backend == "tinygrad" else [None]
     if not devices:
-        raise InvalidArgumentError("ARG-1", "devices must name at least one device")
+        refuse("devices must name at least one device")
     ray = ray_module()
     started = not ray.is_initialized()
     if started:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, device_worker
 from devbridge.apps.worker.pipeline import Worker, WorkerStalled
+from devbridge.args import refuse
 from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
-from devbridge.errors import InvalidArgumentError, short
+from devbridge.errors import short
 
 #: How long one device's idle pass may block while other devices wait for their turn.
 DEVICE_IDLE_S = 0.002
@@ -60,7 +61,7 @@ def run_devices(
     are tallied per object across devices."""
     check_demo(objects, faults, restart_every)
     if not devices or len(set(devices)) != len(devices) or any(type(d) is not str for d in devices):
-        raise InvalidArgumentError("ARG-1", f"devices must be distinct names, got {short(devices)}")
+        refuse(f"devices must be distinct names, got {short(devices)}")
     make = make or (lambda device: make_backend(backend, None if backend == "fake" else device))
     n = len(devices)
     shares = [range(d, objects, n) for d in range(n)]

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from devbridge.apps.worker.pipeline import Summary, Worker
+from devbridge.args import count, probability
 from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
-from devbridge.errors import InvalidArgumentError, short
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 
 #: What `--faults` fails at random: allocations, copies, frees and event queries.
@@ -17,12 +17,9 @@ RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
 
 def check_demo(objects: object, faults: object, restart_every: object) -> None:
     """The demo's options, checked before anything starts (ARG-1): a bad one would spin forever."""
-    if type(objects) is not int or objects < 1:
-        raise InvalidArgumentError("ARG-1", f"objects must be an int >= 1, got {short(objects)}")
-    if type(faults) not in (int, float) or not 0 <= faults < 1:  # type: ignore[operator]
-        raise InvalidArgumentError("ARG-1", f"faults is a probability in [0, 1), got {short(faults)}")
-    if type(restart_every) is not int or restart_every < 0:
-        raise InvalidArgumentError("ARG-1", f"restart_every must be an int >= 0 (0: never), got {short(restart_every)}")
+    count("objects", objects, least=1)
+    probability("faults", faults)
+    count("restart_every", restart_every, note=" (0: never)")
 
 
 def backend_name(backend: Backend) -> str:
