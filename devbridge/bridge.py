@@ -79,8 +79,16 @@ class Bridge:
     Thread-safe: calls are serialised; completions may arrive on any thread."""
 
     def __init__(self, backend: Backend, *, pending_warning_s: float = 60.0) -> None:
-        """`pending_warning_s`: a free or restart still waiting for uses to end after this long is
-        logged once (logger `devbridge`, WARNING) with what pins it (PIN-1)."""
+        """A bridge over `backend` (any object with the Backend protocol's methods).
+
+        Args:
+            backend: the device's backend, opened (`TinygradBackend("CL")`, `FakeBackend()`...).
+            pending_warning_s: seconds after which a free or restart still waiting for uses to
+                end is logged once (logger `devbridge`, WARNING) with what pins it (PIN-1).
+
+        Raises:
+            InvalidArgumentError: ARG-1, for anything but a Backend or seconds >= 0.
+            BackendFailureError: FAULT-1, when the backend refuses to start (nothing is kept)."""
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
@@ -105,10 +113,24 @@ class Bridge:
 
     @property
     def generation(self) -> int:
+        """The current generation: 0, then +1 per `restart()` (GEN-1)."""
         return self._core.generation
 
     def alloc_device(self, spec: ObjectSpec, extent: int) -> DeviceHandle:
-        """Allocate `extent` bytes for an object of `spec` in the current generation."""
+        """Allocate `extent` bytes for an object of `spec` in the current generation.
+
+        Args:
+            spec: what the allocation holds (name, dtype, role, optional view).
+            extent: bytes, a positive whole number of `spec.dtype` items (ALLOC-1).
+
+        Returns:
+            The handle: a capability this bridge issued, valid until freed or restarted.
+
+        Raises:
+            InvalidSpecError: SPEC-1, for a spec that is not an ObjectSpec.
+            RangeError: ALLOC-1, for an extent that is not a positive whole number of items
+                (no backend call).
+            DeviceAllocationError: ALLOC-2, when the backend cannot allocate (nothing leaked)."""
         with self._lock:
             self._drain()
             if type(spec) is not ObjectSpec:
@@ -131,8 +153,18 @@ class Bridge:
             return handle
 
     def free_device(self, handle: DeviceHandle) -> None:
-        """Free now, or as soon as no copy, compute or view uses the allocation (FREE-1).
-        A backend failure to free is reported (DeviceFreeError); the handle is dead anyway."""
+        """Free the allocation: now, or as soon as no copy, compute or view uses it (FREE-1).
+        The handle is dead on return either way (USE-1).
+
+        Args:
+            handle: a live handle this bridge issued.
+
+        Raises:
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue.
+            StaleHandleError: GEN-2, for a handle of an older generation.
+            InvalidHandleError: FREE-2, for a handle already freed.
+            DeviceFreeError: FREE-3, when the backend fails to free now (reported once, never
+                retried; the handle is dead anyway)."""
         with self._lock:
             self._drain()
             key, _ = self._resolve(handle)
@@ -145,17 +177,57 @@ class Bridge:
     # ------------------------------------------------------------ copies
 
     def host_to_device(self, src: HostRange, dst: DeviceRange, *, sync: bool = True, release: bool = True) -> CopyEvent:
-        """Copy exactly `src` into exactly `dst`. The host bytes are released on return
-        (sync) or when the event completes (async); never after a failure. With
-        release=False they are only safe to release then, and the worker releases them
-        itself (a worker that must survive restarts keeps its inputs until delivered)."""
+        """Copy exactly `src` into exactly `dst` (H2D-1), after every earlier use of
+        those device bytes (ORDER-1).
+
+        Args:
+            src: a reserved, unreleased host range (RING-3); its length is `dst`'s.
+            dst: a range of a live allocation.
+            sync: True: return once the copy is done and its host bytes read (H2D-2);
+                False: return at once with a pending event (H2D-3).
+            release: True: the bridge releases the host bytes when the copy is done (on return
+                when sync, when the event completes when async), never after a failure. False:
+                they are only safe to release then, and the worker releases them itself (a
+                worker that must survive restarts keeps its inputs until delivered).
+
+        Returns:
+            The copy's event: done on return when sync.
+
+        Raises:
+            RangeError: RANGE-1 / RING-3, for a bad or mismatched range (no backend call).
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation.
+            InvalidArgumentError: ARG-1, for sync or release other than a bool.
+            OrderingError: ORDER-2, for a sync copy that would wait on an open compute block.
+            DeviceCopyError: COPY-F, when the copy fails (a sync one raises; an async one's
+                event carries it)."""
         flag("sync", sync)
         flag("release", release)
         return self._copy("copy_in", src, dst, src, dst, sync, not release)
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
-        """Copy exactly `src` into exactly `dst`. The host bytes are valid on return (sync) or
-        when the event completes (async); a failed output range is never readable."""
+        """Copy exactly `src` into exactly `dst` (D2H-1), after every earlier use that
+        writes those device bytes (ORDER-1).
+
+        Args:
+            src: a range of a live allocation.
+            dst: a reserved, unreleased host range of the same length (RING-3), not read by a
+                pending input copy (D2H-3).
+            sync: True: return with the host bytes valid (D2H-2); False: return at once, the
+                bytes valid when the event completes (D2H-3).
+
+        Returns:
+            The copy's event: done on return when sync. A failed output range is never
+            readable.
+
+        Raises:
+            RangeError: RANGE-1 / RING-3, for a bad or mismatched range (no backend call).
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation.
+            InvalidArgumentError: ARG-1, for sync other than a bool.
+            OrderingError: ORDER-2, for a sync copy that would wait on an open compute block.
+            OutputCopyError: COPY-F, when the copy fails (a sync one raises; an async one's
+                event carries it)."""
         flag("sync", sync)
         return self._copy("copy_out", dst, src, src, dst, sync, False)
 
@@ -237,7 +309,20 @@ class Bridge:
     def compute(self, *handles: DeviceHandle) -> ComputeEvent:
         """Mark `handles` in use by compute until the returned event completes. The copies in
         flight on them are waited for first (ORDER-1): the compute sees every byte they write,
-        and none it writes reaches a copy issued before it."""
+        and none it writes reaches a copy issued before it.
+
+        Args:
+            *handles: live handles of this bridge (none: a marker that orders nothing).
+
+        Returns:
+            A ComputeEvent; as a context manager (`with bridge.compute(x, y):`), the block's
+            tinygrad work is what it covers, done when the event is.
+
+        Raises:
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation.
+            OrderingError: ORDER-2, when a copy it must wait for would wait on an open block.
+            ComputeError: COMPUTE-F, when the backend cannot mark the compute."""
         while True:
             with self._lock:
                 self._drain()
@@ -260,8 +345,22 @@ class Bridge:
             self._wait_for(blocker)
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
-        """A zero-copy tinygrad Tensor over the allocation. While it lives, the allocation
-        is in use by compute (VIEW-3): freeing it is deferred until the Tensor is collected."""
+        """A zero-copy tinygrad Tensor over the allocation (VIEW-1). While it, or
+        anything derived from it, can reach the memory, the allocation is in use by compute
+        (VIEW-3): freeing it is deferred until the Tensor is collected.
+
+        Args:
+            handle: a live handle of this bridge.
+            view: the tensor to see: shape, dtype and byte offset inside the allocation.
+
+        Returns:
+            A tinygrad Tensor sharing the allocation's memory.
+
+        Raises:
+            InvalidViewError: VIEW-2, for a shape, dtype or offset outside the allocation or
+                not aligned (nothing changes).
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation."""
         with self._lock:
             self._drain()
             key, record = self._resolve(handle)
@@ -303,8 +402,14 @@ class Bridge:
     # ------------------------------------------------------------ completions and generations
 
     def poll(self) -> int:
-        """Process every use the backend has finished; how many were processed. Then report
-        deferred backend frees that failed since the last poll (DeviceFreeError, FREE-3)."""
+        """Apply every use the backend has finished, then report deferred backend frees that
+        failed since the last poll.
+
+        Returns:
+            How many uses were applied.
+
+        Raises:
+            DeviceFreeError: FREE-3, naming each deferred free that failed (once each)."""
         with self._lock:
             finished = self._core.poll(self._run)
             self._warn_long_waits()
@@ -314,9 +419,13 @@ class Bridge:
             return finished
 
     def restart(self) -> None:
-        """Begin a new generation. Every prior handle and in-flight event is invalidated;
-        old memory is released now if unused, else when the backend is done with it.
-        Backend failures are reported once every old buffer had its release (FREE-3, FAULT-1)."""
+        """Begin a new generation (GEN-1). Every prior handle and in-flight event is
+        invalidated; old memory is released now if unused, else when the backend is done with
+        it (and no view can reach it).
+
+        Raises:
+            DeviceFreeError: FREE-3 / FAULT-1, once every old buffer had its release, naming
+                the backend failures (the new generation has begun anyway)."""
         with self._lock:
             self._drain()
             releases = self._core.restart(time.monotonic())  # the rest wait for their uses (PIN-1)
@@ -334,17 +443,35 @@ class Bridge:
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
 
     def wait_all(self, events: Iterable[Event], timeout: float | None = None) -> None:
-        """Block until every one of `events` is done, or raise WaitTimeoutError (WAIT-1) once
-        `timeout` seconds pass. Failures stay with their events (`event.error`)."""
+        """Block until every one of `events` is done; failures stay with their events
+        (`event.error`).
+
+        Args:
+            events: an iterable of this bridge's events.
+            timeout: seconds >= 0, or None to wait as long as it takes.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
         ends = deadline(timeout)
         for event in self._own_events(events, "wait_all"):
             wait_done(event, ends, timeout)
 
     def wait_any(self, events: Iterable[Event], timeout: float | None = None) -> Event:
-        """The first of `events` found done (in the order given), blocking until one is; raises
-        WaitTimeoutError (WAIT-1) once `timeout` seconds pass. It sleeps on a condition that
-        every completion the backend reports wakes; tokens a backend cannot report (a device
-        marker) are queried again at most every POLL_S seconds."""
+        """The first of `events` found done (in the order given), blocking until one is. It
+        sleeps on a condition that every completion the backend reports wakes; tokens a backend
+        cannot report (a device marker) are queried again at most every POLL_S seconds.
+
+        Args:
+            events: an iterable of this bridge's events, at least one.
+            timeout: seconds >= 0, or None to wait as long as it takes.
+
+        Returns:
+            The first done event.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
         ends = deadline(timeout)
         pending = self._own_events(events, "wait_any")
         if not pending:
@@ -367,7 +494,16 @@ class Bridge:
     def pins(self, handle: DeviceHandle) -> Pins:
         """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
         (input and output copies, compute events, live views: a view counts while any tinygrad
-        object can reach its memory), and how long a deferred release has waited."""
+        object can reach its memory), and how long a deferred release has waited.
+
+        Args:
+            handle: a handle this bridge issued (freed or of an old generation included).
+
+        Returns:
+            A `Pins` (devbridge.stats), field by field.
+
+        Raises:
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue."""
         with self._lock:
             self._drain()
             key, _ = self._resolve(handle)
@@ -382,14 +518,21 @@ class Bridge:
             )
 
     def state(self, handle: DeviceHandle) -> str:
-        """The allocation's lifecycle state, a state name from the spec."""
+        """The allocation's lifecycle state, a state name of the spec.
+
+        Args:
+            handle: a handle this bridge issued (freed or of an old generation included).
+
+        Raises:
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue."""
         with self._lock:
             self._drain()
             key, _ = self._resolve(handle)
             return self._core.state(*key)
 
     def stats(self) -> Stats:
-        """The bridge's counters and what is live now (`Stats`, field by field)."""
+        """The bridge's counters and what is live now: a `Stats` (devbridge.stats), field by
+        field. Never raises."""
         with self._lock:
             self._drain()
             live = list(self._core.allocations())

@@ -106,7 +106,8 @@ class Mutant:
     start: int  # character offsets of the replaced text in the file
     end: int
     nth: int = 0  # among mutants with the same file, function, kind and texts
-    #: a digest of the code it lives in (its function's source; its own lines outside functions):
+    #: a digest of the code it lives in (its function's syntax, docstring aside; its own lines
+    #: outside functions):
     #: a stopped run resumed after edits reruns exactly the mutants whose code changed
     code: str = ""
 
@@ -177,7 +178,7 @@ class _Finder(ast.NodeVisitor):
         for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
             self.visit(default)  # evaluated where the function is defined (at import)
         self.scope.append(node.name)
-        self.functions.append(digest(ast.get_source_segment(self.source, node) or ""))
+        self.functions.append(digest(_code_of(node)))
         for stmt in node.body[1:] if _docstring(node.body) else node.body:
             self.visit(stmt)
         self.functions.pop()
@@ -277,6 +278,15 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Continue(self, node: ast.Continue) -> None:
         self.add("loop", node, *self.span(node), "break")
+
+
+def _code_of(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """A function's code as its syntax tree, without its docstring: an edit of prose, comments
+    or layout leaves it, and the outcomes logged for its mutants, as they were."""
+    body = node.body[1:] if _docstring(node.body) else node.body
+    bare = ast.FunctionDef(name=node.name, args=node.args, body=body, decorator_list=node.decorator_list,
+                           returns=node.returns, type_comment=None)  # fmt: skip
+    return type(node).__name__ + ast.dump(bare)
 
 
 def digest(code: str) -> str:

@@ -96,6 +96,13 @@ def test_a_logged_outcome_is_reused_only_while_its_code_is_unchanged(mutate: Mod
         assert mutate.reusable(m, log, resume=True) is same
         assert mutate.reusable(m, log, resume=False) is (same and m.function != "f")
     assert not mutate.reusable(next(iter(after.values())), {}, resume=True)
+    # prose, comments and layout are not code: the digests stay
+    reworded = source.replace('"""Nor a class docstring."""', '"""Reworded."""').replace(
+        "def take(self, n: int, flag: bool = False) -> int:",
+        'def take(self, n: int, flag: bool = False) -> int:\n        """Doc."""  # why',
+    )
+    assert reworded != source
+    assert [m.code for m in mutate.mutants_of("x.py", reworded)] == [m.code for m in before.values()]
 
 
 def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: ModuleType) -> None:
