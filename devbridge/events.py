@@ -59,6 +59,8 @@ class Event:
         self._done = True
 
     def done(self) -> bool:
+        """Whether the use is over and its effects applied; asks the bridge to apply what the
+        backend finished, never blocks. Never raises."""
         if not self._done:
             self._link.refresh(self)
         return self._done
@@ -132,6 +134,8 @@ class ComputeEvent(Event):
         self.open = False
 
     def __enter__(self) -> ComputeEvent:
+        """Open the block: the tinygrad work it queues is what the compute covers, so the
+        event cannot complete before the block ends."""
         self.open = True
         self._link.enter(self)
         return self
@@ -142,6 +146,8 @@ class ComputeEvent(Event):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Close the block: its work is all queued; the event completes when the device has run
+        it. An exception in the block passes through."""
         self.open = False
         self._link.close(self)
 

@@ -87,8 +87,15 @@ class HostRing:
         return self._head
 
     def reserve(self, nbytes: int) -> HostRange:
-        """Reserve `nbytes` contiguous bytes. A reservation that fits in the free space
-        always succeeds; RingFullError otherwise, nothing overwritten (RING-2)."""
+        """Reserve `nbytes` contiguous bytes at the head of the stream.
+
+        Returns:
+            The reserved range, writable through `view` until released.
+
+        Raises:
+            RangeError: RANGE-1, for `nbytes` that is not an int >= 1.
+            RingFullError: RING-2, when they do not fit in the free space now (a reservation
+                that fits always succeeds); nothing is overwritten or changed."""
         n = as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
@@ -171,6 +178,8 @@ class HostRing:
         return self._memory[pos : pos + r.nbytes]
 
     def begin_read(self, r: HostRange) -> None:
+        """An input copy starts reading `r` (checked by `check_source` first): its bytes are
+        read-only until `end_read` (H2D-3). For the Bridge."""
         with self._lock:
             self._reads.append((r.start, r.end))
 
@@ -196,6 +205,8 @@ class HostRing:
             self._cut_span(s, e)
 
     def begin_write(self, r: HostRange) -> None:
+        """An output copy starts writing `r` (checked by `check_dest` first): its bytes are not
+        readable until `end_write` says they are valid (D2H-3). For the Bridge."""
         with self._lock:
             self._writes.append((r.start, r.end))
             self._failed = _minus(self._failed, (r.start, r.end))
@@ -207,6 +218,8 @@ class HostRing:
                 self._failed = _minus(self._failed, (r.start, r.end))
 
     def end_write(self, r: HostRange, valid: bool) -> None:
+        """An output copy into `r` is over: its bytes are readable if `valid`, never if it
+        failed (COPY-F). For the Bridge."""
         with self._lock:
             self._writes.remove((r.start, r.end))
             if not valid:
@@ -315,6 +328,7 @@ class HostRange:
 
     @property
     def end(self) -> int:
+        """The stream offset just past the range."""
         return self.start + self.nbytes
 
     def sub(self, offset: int, nbytes: int) -> HostRange:

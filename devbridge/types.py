@@ -67,6 +67,7 @@ class TensorViewSpec:
 
     @property
     def nbytes(self) -> int:
+        """The bytes the view covers: its elements times the dtype's size."""
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
@@ -97,6 +98,7 @@ class ObjectSpec:
 
     @property
     def itemsize(self) -> int:
+        """Bytes per item of the dtype."""
         return DTYPE_SIZES[self.dtype]
 
 
@@ -150,4 +152,5 @@ class DeviceRange:
 
     @property
     def end(self) -> int:
+        """The byte offset just past the range."""
         return self.offset + self.nbytes

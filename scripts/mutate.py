@@ -19,9 +19,9 @@ changed, and an entry that matches no mutant fail the run (exit 1), so the list 
 excusing what the tests can now tell apart. The score of a file is (killed + timeout) /
 (mutants - equivalent); timeouts are counted apart from kills in the report.
 
-    scripts/mutate                       # all eight files, 2 jobs; report in mutation-report.md
+    scripts/mutate                       # all eight files, 2 jobs; report in scripts/mutation-report.md
     scripts/mutate --files devbridge/ring.py --jobs 1
-    scripts/mutate --resume              # go on with a stopped run (its log: mutation-report.jsonl)
+    scripts/mutate --resume              # go on with a stopped run (its log: scripts/mutation-report.jsonl)
     scripts/mutate --again               # rerun what the last run did not kill (after new tests)
 
 Both reuse a logged outcome only while the code its mutant lives in (its function, or its own
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", nargs="+", default=list(FILES), choices=FILES, metavar="FILE")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
-    parser.add_argument("--report", type=Path, default=ROOT / "mutation-report.md")
+    parser.add_argument("--report", type=Path, default=ROOT / "scripts" / "mutation-report.md")
     parser.add_argument("--no-slow", action="store_true", help="skip the stateful second chance")
     parser.add_argument("--again", action="store_true", help="rerun what the last run (its log) did not kill")
     parser.add_argument("--resume", action="store_true", help="run only what the last run (its log) did not reach")
