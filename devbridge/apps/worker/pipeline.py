@@ -1,8 +1,8 @@
 """The reference worker's pipeline: input HostRing -> Bridge -> a tinygrad MLP on zero-copy views
 -> output HostRing, with a window of objects in flight.
 
-Each object is a `Job` moving through the stages of `Stage`, by the transitions of `STAGES`
-only (`Job.move` refuses any other): a slot of pooled device memory, the upload (async
+Each object is a `Job` (jobs.py) moving through the stages of `Stage`, by the transitions of
+`STAGES` only (`Job.move` refuses any other): a slot of pooled device memory, the upload (async
 host_to_device), the compute (a TinyJit MLP on zero-copy views), the download (async
 device_to_host), delivered. The upload of object k+1 overlaps the compute of object k. The
 MLP's weights are uploaded once per generation under their own role.
@@ -28,24 +28,24 @@ or a wrong answer is caught.
 from __future__ import annotations
 
 import contextlib
-import enum
 import gc
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker import workload
+from devbridge.apps.worker.jobs import Job, Slot, Stage
 from devbridge.apps.worker.workload import DEMO_SHAPES, Shapes
 from devbridge.backends.base import Backend
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
 from devbridge.events import Event
 from devbridge.ring import HostRange, HostRing
-from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
+from devbridge.types import DeviceRange, ObjectSpec, TensorViewSpec
 
 IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
 #: Failures in a row, with no object delivered in between, after which the backend is taken to
@@ -55,32 +55,6 @@ GIVE_UP_AFTER = 1000
 
 class WorkerStalled(RuntimeError):
     """The backend kept failing: GIVE_UP_AFTER failures in a row and no object delivered."""
-
-
-class Stage(enum.Enum):
-    """Where an object is in the pipeline."""
-
-    SLOT = "slot"  # waiting for device memory, or to start its upload (again)
-    UPLOAD = "upload"  # its input is being copied to the slot's x
-    COMPUTE = "compute"  # the MLP was issued; its download waits for room in the output ring
-    DOWNLOAD = "download"  # the slot's y is being copied to the output ring (after the compute)
-    DELIVERED = "delivered"  # its output was taken and checked; the slot went back to the pool
-
-
-#: The pipeline's transitions: every stage change a job makes is one of these. SLOT is also where
-#: a restart sends every job, and where a copy that failed to start is retried from.
-STAGES: dict[Stage, frozenset[Stage]] = {
-    Stage.SLOT: frozenset({Stage.UPLOAD}),
-    Stage.UPLOAD: frozenset({Stage.UPLOAD, Stage.COMPUTE, Stage.SLOT}),  # a failed upload is redone
-    Stage.COMPUTE: frozenset({Stage.DOWNLOAD, Stage.SLOT}),
-    # a failed download is redone; after a failed compute the object starts over from its upload
-    Stage.DOWNLOAD: frozenset({Stage.DOWNLOAD, Stage.COMPUTE, Stage.UPLOAD, Stage.SLOT, Stage.DELIVERED}),
-    Stage.DELIVERED: frozenset(),
-}
-
-
-class StageError(RuntimeError):
-    """A job was moved by a transition that STAGES does not have (a bug in the worker)."""
 
 
 @dataclass
@@ -103,38 +77,6 @@ class Summary(Delivery):
     unreleased_input_bytes: int
     unreleased_output_bytes: int
     backend: str
-
-
-@dataclass
-class Slot:
-    """Device memory for one object in flight, reused by object after object in a generation."""
-
-    x: DeviceHandle
-    y: DeviceHandle
-    xv: Any  # zero-copy views, passed to the jitted MLP as arguments (they pin x and y)
-    yv: Any
-    xr: DeviceRange  # all of x and all of y: what every object's copies move
-    yr: DeviceRange
-
-
-@dataclass
-class Job:
-    k: int
-    src: HostRange
-    slot: Slot | None = None
-    out: HostRange | None = None
-    stage: Stage = Stage.SLOT
-    event: Event | None = None
-    computed: Event | None = None  # the compute event the download follows (ORDER-1)
-    old: list[Event] = field(default_factory=list)  # events of an older generation still on the device
-    moves: list[tuple[Stage, Stage]] | None = None  # every transition taken, when a test records them
-
-    def move(self, to: Stage) -> None:
-        if to not in STAGES[self.stage]:
-            raise StageError(f"object {self.k}: no transition {self.stage.value} -> {to.value}")
-        if self.moves is not None:
-            self.moves.append((self.stage, to))
-        self.stage = to
 
 
 class Worker:
