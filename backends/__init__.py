@@ -1,18 +1,19 @@
-"""Backends: the protocol (`base`), the recording fake (`fake.FakeBackend`), fault injection
-around any backend (`faulty.FaultyBackend`), and tinygrad (`tinygrad.TinygradBackend`)."""
+"""Backends: the protocol (`base`) and tinygrad's (`tinygrad.TinygradBackend`). The test doubles,
+`FakeBackend` and `FaultyBackend`, are the testing kit's (`devbridge.testing`); their old paths
+here (`devbridge.backends.fake`, `.faulty`) re-export them."""
+
+from typing import Any
 
 from devbridge.backends.base import OK, PENDING, Backend, BackendError, Status
 
 
-def make_backend(name: str, device: str | None = None) -> Backend:
-    """`fake` or `tinygrad` (on `device`, tinygrad's default when None); tinygrad is imported only then."""
-    if name == "fake":
-        from devbridge.backends.fake import FakeBackend
+def __getattr__(name: str) -> Any:
+    """`make_backend`, an app's helper now (devbridge.apps.backends), served from its old path."""
+    if name != "make_backend":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return FakeBackend()
-    from devbridge.backends.tinygrad import TinygradBackend
-
-    return TinygradBackend(device)
+    return importlib.import_module("devbridge.apps.backends").make_backend
 
 
 __all__ = ["OK", "PENDING", "Backend", "BackendError", "Status", "make_backend"]

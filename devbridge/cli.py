@@ -171,7 +171,7 @@ def usage_error(command: str, message: str) -> int:
 def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend | None:
     """The backend the options name (on `device`, else --device), opened before any work; None
     (and one line) if it cannot be."""
-    from devbridge.backends import make_backend
+    from devbridge.apps.backends import make_backend
     from devbridge.errors import InvalidArgumentError
 
     device = device or args.device

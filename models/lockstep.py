@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from devbridge.backends.fake import FakeBackend, FakeEvent, FakeViolation
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError
 from devbridge.events import ComputeEvent, Event
@@ -39,6 +38,7 @@ from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Rej
 from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 from devbridge.statemachine.machine import Step
+from devbridge.testing.fake import FakeBackend, FakeEvent, FakeViolation
 from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
 
 U8 = ObjectSpec("blob", "uint8")
@@ -132,7 +132,7 @@ PIN_KEYS = ("state", "copies_in", "copies_out", "computes", "views")  # bridge.p
 SCRIPT_HEADER = [
     "import pytest",
     "from devbridge import *",
-    "from devbridge.backends.fake import FakeBackend",
+    "from devbridge.testing import FakeBackend",
     "from devbridge.models.lockstep import lock_held_elsewhere",
     "",
     "",

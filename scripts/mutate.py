@@ -58,7 +58,7 @@ FILES = (
     "devbridge/bridge.py",
     "devbridge/ring.py",
     "devbridge/events.py",
-    "backends/fake.py",
+    "devbridge/testing/fake.py",
     "backends/tinygrad.py",
     "backends/tinygrad_compat.py",
 )

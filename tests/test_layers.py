@@ -92,8 +92,8 @@ SEEDED = {
     ),
     # one backend using another: the independence contract alone
     "the faulty wrapper imports the fake": (
-        "devbridge/backends/faulty.py",
-        "from devbridge.backends.fake import FakeBackend\n",
+        "devbridge/testing/faulty.py",
+        "from devbridge.testing.fake import FakeBackend\n",
         KEPT | {INDEPENDENT: "BROKEN"},
     ),
 }

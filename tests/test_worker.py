@@ -206,20 +206,43 @@ def test_a_move_the_table_does_not_have_is_refused() -> None:
     assert job.stage is Stage.UPLOAD
 
 
+def defined(module: Any) -> list[str]:
+    """The names a module (or, for a package, its submodules' __all__) defines at its top level."""
+    import ast
+    import inspect
+
+    if hasattr(module, "__path__"):
+        return list(module.__all__)
+    tree = ast.parse(inspect.getsource(module))
+    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    names += [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+    return names + [n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+
+
 def test_the_old_import_paths_give_the_same_objects() -> None:
+    import devbridge.apps.backends
     import devbridge.apps.example
     import devbridge.apps.fleet
     import devbridge.apps.worker
+    import devbridge.backends
+    import devbridge.backends.fake
+    import devbridge.backends.faulty
     import devbridge.example
     import devbridge.fleet
+    import devbridge.testing.fake
+    import devbridge.testing.faulty
     import devbridge.worker
 
     for old, new in (
         (devbridge.worker, devbridge.apps.worker),
         (devbridge.fleet, devbridge.apps.fleet),
         (devbridge.example, devbridge.apps.example),
+        (devbridge.backends.fake, devbridge.testing.fake),
+        (devbridge.backends.faulty, devbridge.testing.faulty),
     ):
-        mine = [n for n in dir(new) if getattr(getattr(new, n), "__module__", "").startswith(new.__name__)]
-        names = [n for n in mine if not n.startswith("_")] + [n for n in dir(new) if n.isupper()]
-        assert len(names) > 4 and all(getattr(old, n) is getattr(new, n) for n in names), old.__name__
+        names = [n for n in defined(new) if not n.startswith("_")]
+        assert names and all(getattr(old, n) is getattr(new, n) for n in names), old.__name__
     assert devbridge.worker.fake_pump is fake_pump
+    assert devbridge.backends.make_backend is devbridge.apps.backends.make_backend  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        devbridge.backends.nope  # type: ignore[attr-defined]  # noqa: B018

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from devbridge.apps.backends import make_backend
 from devbridge.args import count
-from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.bridge import Bridge
 from devbridge.events import Event

@@ -63,7 +63,7 @@ class DeviceActor:
     each batch runs on a fresh reference worker over it."""
 
     def __init__(self, backend: str, device: str | None, faults: float, restart_every: int, seed: int) -> None:
-        from devbridge.backends import make_backend
+        from devbridge.apps.backends import make_backend
 
         self.backend = make_backend(backend, device)
         self.faults, self.restart_every, self.seed = faults, restart_every, seed

@@ -9,8 +9,8 @@
 It sits above the runtime (nothing in the runtime imports it) and below the apps.
 """
 
-from devbridge.backends.fake import FakeBackend
-from devbridge.backends.faulty import FaultyBackend
+from devbridge.testing.fake import FakeBackend
+from devbridge.testing.faulty import FaultyBackend
 from devbridge.testing.pump import fake_pump
 
 __all__ = ["FakeBackend", "FaultyBackend", "fake_pump"]

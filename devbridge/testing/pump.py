@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from devbridge.backends.fake import FakeBackend
+from devbridge.testing.fake import FakeBackend
 
 
 def fake_pump(fake: FakeBackend, seed: int) -> Callable[[], None]:

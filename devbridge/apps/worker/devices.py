@@ -6,11 +6,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from devbridge.apps.backends import make_backend
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, device_worker
 from devbridge.apps.worker.pipeline import Worker, WorkerStalled
 from devbridge.args import refuse
-from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.errors import short
 

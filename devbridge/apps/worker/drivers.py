@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from devbridge.apps.backends import make_backend
 from devbridge.apps.worker.pipeline import Summary, Worker
 from devbridge.args import count, probability
-from devbridge.backends import make_backend
 from devbridge.backends.base import Backend
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 
