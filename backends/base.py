@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 
 class BackendError(Exception):
@@ -50,6 +50,9 @@ def fault_count(op: object, times: object) -> int:
             "ARG-1", f"fail_next needs an op in {FAULTABLE} and times > 0, got {short(op)}, {short(times)}"
         )
     return count
+
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -102,3 +105,17 @@ class Backend(Protocol):
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:
         """Ask to be called with each token as it completes; False if the backend cannot."""
+
+
+def implements(protocol: type) -> Callable[[type[T]], type[T]]:
+    """A class decorator: each method of `protocol` the class defines without a docstring gets
+    the protocol's, so `help(FakeBackend.copy_in)` reads as the contract it implements."""
+
+    def document(cls: type[T]) -> type[T]:
+        for name, member in vars(protocol).items():
+            mine = vars(cls).get(name)
+            if callable(member) and callable(mine) and not getattr(mine, "__doc__", None):
+                mine.__doc__ = member.__doc__
+        return cls
+
+    return document

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from devbridge.backends import tinygrad_compat as tg
-from devbridge.backends.base import OK, PENDING, BackendError, Status
+from devbridge.backends.base import OK, PENDING, Backend, BackendError, Status, implements
 
 if TYPE_CHECKING:
     from devbridge.backends.tinygrad_cl import CLQueue, Command
@@ -109,10 +109,20 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
+@implements(Backend)
 class TinygradBackend:
+    """Real device memory through tinygrad: one `Buffer` per allocation, views as tensors over
+    it, copies and compute markers completed by the device's own primitive (the module's
+    docstring; `tinygrad_compat.capabilities(device)` says what each device offers)."""
+
     name = "tinygrad"
 
     def __init__(self, device: str | None = None) -> None:
+        """Open `device` (tinygrad's default when None).
+
+        Raises:
+            InvalidArgumentError: ARG-1, for a name that is not a string, or a device tinygrad
+                cannot open here."""
         if device is not None and (type(device) is not str or not device):
             raise InvalidArgumentError("ARG-1", f"device must be None or a device name, got {short(device)}")
         try:

@@ -395,3 +395,18 @@ def test_a_wait_that_loses_the_race_to_another_completion_returns_done() -> None
     assert fake.wait(token, None) is True
     assert racing.token is None and fake.query(token).done and fake.query(token).error is None
     assert fake.violations == [] and fake.buffer(buf).data.tobytes() == b"race"  # type: ignore[arg-type]
+
+
+def test_every_backend_documents_each_protocol_method_its_own_docstring_first() -> None:
+    import inspect
+
+    from devbridge.backends.base import Backend
+    from devbridge.backends.tinygrad import TinygradBackend
+    from devbridge.testing import FaultyBackend
+
+    methods = [n for n, m in vars(Backend).items() if callable(m) and not n.startswith("_")]
+    assert len(methods) == 13
+    for cls in (FakeBackend, FaultyBackend, TinygradBackend):
+        assert inspect.getdoc(cls) and all(inspect.getdoc(getattr(cls, n)) for n in methods), cls
+    assert FakeBackend.copy_in.__doc__ == Backend.copy_in.__doc__  # the protocol's, where it had none
+    assert FakeBackend.wait.__doc__ != Backend.wait.__doc__  # its own kept

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from devbridge.args import flag, optional_count
-from devbridge.backends.base import OK, PENDING, BackendError, Status, fault_count
+from devbridge.backends.base import OK, PENDING, Backend, BackendError, Status, fault_count, implements
 
 GUARD = 64  # guard bytes on each side of a buffer
 GUARD_BYTE = 0xA5
@@ -122,7 +122,12 @@ class FakeEvent:
         return not self.status.done
 
 
+@implements(Backend)
 class FakeBackend:
+    """A device in memory for tests (the module's docstring says how it behaves): the Backend
+    protocol, plus controls (`complete`, `fail`, `fail_next`, `complete_all`, `hold` ...) and
+    its own books (`calls`, `counts`, `violations`, `live_allocations`)."""
+
     name = "fake"
     #: A seeded device bug (see the module's docstring): synchronous copies done on return
     #: while their bytes move only after the events pending ahead of them.
@@ -215,6 +220,7 @@ class FakeBackend:
 
     @property
     def live_allocations(self) -> int:
+        """Buffers made and not yet freed."""
         with self._cond:
             return len(self._buffers)
 

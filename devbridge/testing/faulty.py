@@ -23,10 +23,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from devbridge.backends.base import Backend, BackendError, Status, fault_count
+from devbridge.backends.base import Backend, BackendError, Status, fault_count, implements
 
 
+@implements(Backend)
 class FaultyBackend:
+    """Any backend, with the faults a test chooses (`fail_next`) or draws (`rate`): the module's
+    docstring says how each op fails. `ops` and `injected` record what happened."""
+
     def __init__(
         self,
         inner: Backend,
@@ -47,6 +51,7 @@ class FaultyBackend:
         self._failing: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def fail_next(self, op: str, times: int = 1) -> None:
+        """Make the next `times` calls of `op` fail (ARG-1 for an op it cannot fail, or times < 1)."""
         self._faults[op] += fault_count(op, times)
 
     @property
