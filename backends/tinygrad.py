@@ -75,7 +75,7 @@ from devbridge.errors import InvalidArgumentError, short
 Probe = Callable[[], bool]
 MIN_PAUSE_S, MAX_PAUSE_S = 0.00005, 0.002  # waiting on a device marker: the pause grows to 2 ms
 #: An asynchronous copy up to this size on an idle CPU device is made at once (done on return):
-#: handing it to the copy thread costs ~50 µs of thread switching, the memmove a few µs.
+#: handing it to the copy thread costs more in thread switching than the memmove itself.
 INLINE_MAX_BYTES = 64 << 10
 
 

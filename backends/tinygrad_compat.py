@@ -129,7 +129,7 @@ def copy_out(dst: memoryview, buffer: Buffer, offset: int) -> None:
 def idle_probe(device: str) -> Callable[[], bool] | None:
     """On the CPU device, a probe that is true when the device has no queued work: the check its
     `synchronize` makes first (every worker done with what was put, the timeline reached), so a
-    copy may skip the allocator's per-call synchronize (3.4 µs of a 3.8 µs 64 B `_copyin`).
+    copy may skip the allocator's per-call synchronize (most of a small `_copyin`'s cost: README, Benchmarks).
     None elsewhere (the caller always goes through the allocator)."""
     try:
         from tinygrad.runtime.support.hcq2 import HCQ_RUNTIME_DEV
