@@ -1,7 +1,7 @@
 """The sans-I/O checker's speed before and after: an older revision's checker and this tree's,
 in one process, interleaved.
 
-Builds the older revision (`--old`) as the package `devbridge_old` (bench/revisions.py) and runs
+Builds the older revision (`--old`) as the package `devbridge_old` (scripts/revisions.py) and runs
 its `models.sansio.check` and the current one on the default bound to `--depth`, in one process
 and in `--jobs` forked ones. Each round runs old, new, new, old for each process count (neither
 gains from its place); the figures are medians over the runs. Both must find the same distinct
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
+from devbridge._checkout import script
 from devbridge.models import checker, sansio
 
 
@@ -60,15 +60,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="devbridge_old_") as tmp:
-        pkg, _ = build_old(args.old, Path(tmp))
-        old = import_revision(pkg, "models.sansio", "models.checker")
+        revisions = script("revisions")  # a tool of the checkout: --old needs git
+        pkg, _ = revisions.build_old(args.old, Path(tmp))
+        old = revisions.import_revision(pkg, "models.sansio", "models.checker")
         old_sansio, old_checker = old["models.sansio"], old["models.checker"]
         checks: dict[str, tuple[Callable[..., Any], Any]] = {
             "old": (old_sansio.check, old_checker.PROFILES["default"]),
             "new": (sansio.check, checker.PROFILES["default"]),
         }
-        print(f"old: {short_rev(args.old)} as {OLD}; new: this tree. Default bound, depth {args.depth}, "
-              f"{args.rounds} rounds of old, new, new, old")  # fmt: skip
+        print(f"old: {revisions.short_rev(args.old)} as {revisions.OLD}; new: this tree. Default bound, "
+              f"depth {args.depth}, {args.rounds} rounds of old, new, new, old")  # fmt: skip
         table = {(label, jobs): Runs(label, jobs) for jobs in (1, args.jobs) for label in checks}
         for _ in range(args.rounds):
             for jobs in (1, args.jobs):

@@ -33,9 +33,9 @@ import numpy as np
 
 import devbridge
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
+from devbridge._checkout import script
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
 
 DEVICE = "CPU"
 
@@ -57,7 +57,7 @@ class Version:
 
 
 def import_old(pkg: Path) -> Version:
-    mods = import_revision(pkg, "bridge", "ring", "types", "backends.tinygrad", "statemachine.core")
+    mods = script("revisions").import_revision(pkg, "bridge", "ring", "types", "backends.tinygrad", "statemachine.core")
     old = Version(
         "old",
         mods["bridge"].Bridge,
@@ -189,12 +189,13 @@ def main() -> None:
     block_s = args.block_ms / 1e3
 
     with tempfile.TemporaryDirectory(prefix="devbridge_old_") as tmp:
-        pkg, rewritten = build_old(args.old, Path(tmp))
+        revisions = script("revisions")  # a tool of the checkout: --old needs git
+        pkg, rewritten = revisions.build_old(args.old, Path(tmp))
         old, new = import_old(pkg), current()
         for v in (old, new):
             round_trip(v)
-        rev = short_rev(args.old)
-        print(f"old: {rev} as {OLD} ({rewritten} import lines rewritten), ORDER-1 tracking: {old.ordered}")
+        rev = revisions.short_rev(args.old)
+        print(f"old: {rev} as {revisions.OLD} ({rewritten} import lines rewritten), ORDER-1 tracking: {old.ordered}")
         print(f"new: working tree {Path(devbridge.__file__).resolve().parent}, ORDER-1 tracking: {new.ordered}")
         print(f"both round-trip; device {DEVICE}, {args.rounds} rounds, ~{args.block_ms:g} ms per variant per round")
         print()

@@ -8,7 +8,7 @@ flight, `restart()` with a copy in flight, and for contrast a synchronous
 `host_to_device` (which must wait for the queue ahead of its command on an
 in-order queue) and the time until the queued work drained. Medians over
 `--rounds`. With `--before REV`, that revision's bridge (built as
-`devbridge_old`, bench/revisions.py) runs beside this one in the same
+`devbridge_old`, scripts/revisions.py) runs beside this one in the same
 process, rounds interleaved (now, before, before, now, ...). A benchmark,
 not a test.
 
@@ -27,9 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import astuple
 from pathlib import Path
 
+from devbridge._checkout import script
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.bench.order_overhead import Version, current, import_old
-from devbridge.bench.revisions import build_old, short_rev
 
 NBYTES = 64 << 10
 
@@ -112,7 +112,7 @@ def measure(device: str, busy: float, rounds: int, before: str | None) -> dict[s
     with tempfile.TemporaryDirectory(prefix="devbridge_old_") as tmp:
         versions = [current()]
         if before is not None:
-            old = import_old(build_old(before, Path(tmp))[0])
+            old = import_old(script("revisions").build_old(before, Path(tmp))[0])
             versions.append(Version("before", *astuple(old)[1:]))
         versions[0] = Version("now", *astuple(versions[0])[1:])
         for k in range(rounds):
@@ -122,7 +122,7 @@ def measure(device: str, busy: float, rounds: int, before: str | None) -> dict[s
         "device": device,
         "busy_s": busy,
         "rounds": rounds,
-        "before": None if before is None else short_rev(before),
+        "before": None if before is None else script("revisions").short_rev(before),
         "median_s": {
             label: {step: statistics.median(values) for step, values in steps.items()}
             for label, steps in clock.times.items()

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from devbridge._checkout import script
 from devbridge.bench import checker_speed
-from devbridge.bench.revisions import OLD, build_old, import_revision, short_rev
 from devbridge.bench.suite import Row
 from devbridge.cli import main
+
+REVISIONS = script("revisions")  # the checkout's revision builder (bench --old)
 
 
 def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,16 +90,16 @@ def test_the_checker_benchmark_runs_an_older_checker_beside_this_one(capsys: pyt
 def test_a_revision_built_after_another_is_imported_from_its_own_folder(tmp_path: Path) -> None:
     """Two benchmarks in one process (the checker's, then the queue's) each build a revision: the
     second's modules come from its own folder, not from the first's, which is gone by then."""
-    first, _ = build_old("HEAD", tmp_path / "first")
-    assert import_revision(first, "types")["types"].__file__.startswith(str(first))
+    first, _ = REVISIONS.build_old("HEAD", tmp_path / "first")
+    assert REVISIONS.import_revision(first, "types")["types"].__file__.startswith(str(first))
     shutil.rmtree(tmp_path / "first")
-    second, _ = build_old("HEAD", tmp_path / "second")
-    got = import_revision(second, "types", "backends.tinygrad")
+    second, _ = REVISIONS.build_old("HEAD", tmp_path / "second")
+    got = REVISIONS.import_revision(second, "types", "backends.tinygrad")
     assert {name: m.__file__.startswith(str(second)) for name, m in got.items()} == {
         "types": True,
         "backends.tinygrad": True,
     }
-    assert str(first) not in sys.path and sys.modules[f"{OLD}.types"] is got["types"]
+    assert str(first) not in sys.path and sys.modules[f"{REVISIONS.OLD}.types"] is got["types"]
 
 
 def test_the_queue_latency_benchmark_runs_a_revision_beside_this_one(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,6 +118,6 @@ def test_the_queue_latency_benchmark_runs_a_revision_beside_this_one(capsys: pyt
         "free_device (copy in flight)", "restart (copy in flight)", "pending after the calls", "drain the queue",
         "sync host_to_device (queue ahead)",
     ]  # fmt: skip
-    assert list(got["median_s"]) == ["now", "before"] and got["before"] == short_rev("HEAD")
+    assert list(got["median_s"]) == ["now", "before"] and got["before"] == REVISIONS.short_rev("HEAD")
     assert [list(steps_of) for steps_of in got["median_s"].values()] == [steps, steps]
     assert got["median_s"]["now"]["pending after the calls"] == 3

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from devbridge import Bridge, InvalidHandleError, ObjectSpec
+from devbridge._checkout import script
 from devbridge.backends.fake import FakeBackend
 from devbridge.cli import main
-from devbridge.docs import DocsError, generate, seed_bullets, source_root
 from devbridge.errors import CONTRACT_PATH
 from devbridge.spec import SEED_PATH, SPEC_PATH, load
+
+DOCS = script("docs")  # the contract generator: a tool of the checkout (it reads tests/)
+DocsError, generate, seed_bullets, source_root = DOCS.DocsError, DOCS.generate, DOCS.seed_bullets, DOCS.source_root
 
 TESTS = Path(__file__).parent
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devbridge.docs import rule_tests
+from devbridge._checkout import script
 from devbridge.spec import load
+
+rule_tests = script("docs").rule_tests
 
 
 def test_every_rule_is_proven_and_its_violation_rejected() -> None:
