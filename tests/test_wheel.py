@@ -65,7 +65,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "devbridge/spec/lifecycle.toml" in names and "devbridge/spec/CONTRACT.md" in names
     assert not any(n.startswith("tests/") for n in names)
     # nothing that needs a checkout: the contract generator reads tests/, the revision builder runs git
-    assert not [n for n in names if n.endswith(("/docs.py", "/revisions.py", "/_scripts.py"))], names
+    assert not [n for n in names if n.endswith(("/docs.py", "/revisions.py"))], names
     return venv / "bin"
 
 
