@@ -12,11 +12,9 @@ from devbridge.statemachine.machine import Table, compile_table, default_table
 
 def __getattr__(name: str) -> Any:
     """`build_machine`, moved to devbridge.models.machine: served here for one release."""
-    from devbridge.statemachine import machine
+    from devbridge.statemachine.machine import moved
 
-    if name not in machine.MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return machine.__getattr__(name)
+    return moved(name, __name__)
 
 
 __all__ = [

@@ -88,10 +88,16 @@ def default_table() -> Table:
 
 
 def __getattr__(name: str) -> Any:
+    return moved(name, __name__)
+
+
+def moved(name: str, old: str) -> Any:
+    """A name of MOVED, read from the old module `old`: the warning names the caller's line (two
+    frames up: the old module's `__getattr__`, then its caller)."""
     if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
     import importlib
     import warnings
 
-    warnings.warn(f"{__name__}.{name} moved to devbridge.models.machine", DeprecationWarning, stacklevel=2)
+    warnings.warn(f"{old}.{name} moved to devbridge.models.machine", DeprecationWarning, stacklevel=3)
     return getattr(importlib.import_module("devbridge.models.machine"), name)

@@ -123,11 +123,13 @@ def test_the_machines_old_paths_serve_it_with_a_deprecation_warning() -> None:
     import devbridge.statemachine
     import devbridge.statemachine.machine
 
-    with pytest.warns(DeprecationWarning, match="statemachine.machine.build_machine moved to devbridge.models"):
+    with pytest.warns(DeprecationWarning, match="statemachine.build_machine moved to devbridge.models") as caught:
         assert devbridge.statemachine.build_machine is build_machine
+    assert caught[0].filename == __file__  # the warning names the line that read the old name
     for name, value in (("GuardModel", GuardModel), ("Rejected", Rejected), ("build_machine", build_machine)):
-        with pytest.warns(DeprecationWarning, match=f"{name} moved to devbridge.models.machine"):
+        with pytest.warns(DeprecationWarning, match=f"statemachine.machine.{name} moved to devbridge.models") as caught:
             assert getattr(devbridge.statemachine.machine, name) is value
+        assert caught[0].filename == __file__
     for module in (devbridge.statemachine, devbridge.statemachine.machine):
         with pytest.raises(AttributeError, match="has no attribute 'Machine'"):
             module.Machine  # noqa: B018
