@@ -480,12 +480,12 @@ def main(argv: list[str] | None = None) -> int:
             if reusable(m, before, args.resume)
         ]
         mutants = [m for m in mutants if not reusable(m, before, args.resume)]
-    log.write_text("".join(_row(r) + "\n" for r in kept))
-    if args.list:
+    if args.list:  # reads the log (with --resume or --again: what is left to run), never writes it
         for m in mutants:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
         print(f"{len(mutants)} mutants")
         return 0
+    log.write_text("".join(_row(r) + "\n" for r in kept))
     listed = load_equivalents(EQUIVALENT)
 
     work = Path(tempfile.mkdtemp(prefix="devbridge-mutate-"))

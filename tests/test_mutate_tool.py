@@ -105,6 +105,24 @@ def test_a_logged_outcome_is_reused_only_while_its_code_is_unchanged(mutate: Mod
     assert [m.code for m in mutate.mutants_of("x.py", reworded)] == [m.code for m in before.values()]
 
 
+def test_listing_what_is_left_leaves_the_log_of_a_stopped_run_alone(
+    mutate: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--list --resume` prints what a resumed run would run; the log it read stays byte for byte."""
+    file = "devbridge/events.py"
+    first = mutate.mutants_of(file, (SCRIPT.parent.parent / file).read_text())[0]
+    report = tmp_path / "report.md"
+    log = report.with_suffix(".jsonl")
+    row = mutate._row(mutate.Result(first, "killed", "tests/test_wait.py::test_x", 1.0)) + "\n"
+    log.write_text(row)
+    for extra in ([], ["--resume"], ["--again"]):
+        assert mutate.main(["--list", "--files", file, "--report", str(report), *extra]) == 0
+        assert log.read_text() == row
+    listed = capsys.readouterr().out.splitlines()
+    total = len(mutate.mutants_of(file, (SCRIPT.parent.parent / file).read_text()))
+    assert listed.count(f"{total} mutants") == 1 and listed.count(f"{total - 1} mutants") == 2
+
+
 def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: ModuleType) -> None:
     root = SCRIPT.parent.parent
     counts = {f: len(mutate.mutants_of(f, (root / f).read_text())) for f in mutate.FILES}
