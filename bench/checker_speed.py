@@ -53,7 +53,7 @@ class Runs:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", default="90bb85f", help="revision to compare against (default 90bb85f)")
+    parser.add_argument("--old", default="HEAD", help="git revision to compare against (default HEAD: the last commit)")
     parser.add_argument("--depth", type=int, default=6, help="actions per path (default 6)")
     parser.add_argument("--jobs", type=int, default=2, help="processes of the parallel runs (default 2)")
     parser.add_argument("--rounds", type=int, default=2)

@@ -1,4 +1,4 @@
-"""Objects per second on one device against two in one process (issue #16's scaling figures).
+"""Objects per second on one device against two in one process.
 
 Runs the reference worker on one tinygrad device (`run_demo`) and on two (`run_devices`),
 alternately, in one process, and reports each one's objects/s, the ratio, and the CPU time the

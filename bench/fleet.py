@@ -1,4 +1,4 @@
-"""Objects per second on one Ray actor against two (issue #16's scaling figures).
+"""Objects per second on one Ray actor against two.
 
 Runs the fleet (`devbridge.apps.fleet.run_fleet`, tinygrad's CPU device: actor i on `CPU:i`) with one
 actor and with two, alternately, in one local Ray session of one CPU per actor, and reports each

@@ -1,7 +1,7 @@
-"""Cost of device-byte ordering (ORDER-1) on copies that conflict with nothing: before vs after.
+"""The per-call cost of a copy that conflicts with nothing, before and after a change.
 
-Builds the bridge of an older revision (`--old`, default 70c7a16, the commit
-before ordering) as a package `devbridge_old` in a temp dir, next to the
+Builds the bridge of an older revision (`--old`, a git revision; default HEAD,
+the last commit) as a package `devbridge_old` in a temp dir, next to the
 current `devbridge`, and times both in one process on tinygrad's CPU device:
 
 * sync: `Bridge.host_to_device(sync=True)` (ring reservation and release
@@ -180,7 +180,7 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", default="70c7a16", help="revision to compare against (default 70c7a16)")
+    parser.add_argument("--old", default="HEAD", help="git revision to compare against (default HEAD: the last commit)")
     parser.add_argument("--sizes", default="64,1048576", help="sync copy sizes in bytes")
     parser.add_argument("--async-size", type=int, default=64, help="async copy size in bytes")
     parser.add_argument("--rounds", type=int, default=41)

@@ -7,7 +7,7 @@ the output), `allocator._copyout` of the 16x32 output; one object at a time,
 no ring, no lifecycle, no checks, inputs made beforehand. Worker:
 `devbridge.apps.worker.run_demo` (producer thread, rings, the bridge, pooled
 slots, asynchronous copies, every output checked against numpy). Rounds
-alternate; medians. Goal (issue #13): worker/raw >= 0.8.
+alternate; medians. Goal: worker/raw >= 0.8.
 
     python bench/pipeline.py [--objects N] [--rounds R]
 """

@@ -217,6 +217,29 @@ def table(rows: Sequence[Row], rounds: int, device: str) -> str:
     return "\n".join(lines)
 
 
+def machine() -> dict[str, object]:
+    """What the figures were measured on: they hold for that machine only."""
+    import os
+    import platform
+    from importlib import metadata
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "tinygrad": version("tinygrad"),
+        "devbridge": version("devbridge"),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
 def _size(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
 
@@ -243,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(reason)
     rows = run(args.device, args.rounds, args.quick, args.only)
     if args.json:
-        print(json.dumps({"device": args.device, "rounds": args.rounds, "rows": [asdict(r) for r in rows]}))
+        report = {"device": args.device, "rounds": args.rounds, "quick": args.quick, "machine": machine()}
+        report["rows"] = [asdict(r) for r in rows]
+        print(json.dumps(report))
     else:
         print(table(rows, args.rounds, args.device))
     return 0

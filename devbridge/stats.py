@@ -74,7 +74,7 @@ class Stats(_DictAccess):
     inflight_uses: int  #: uses still holding an allocation: pending events, live views, held copies
     allocs: int  #: alloc_device calls that succeeded
     backend_frees: int  #: allocations released to the backend (FREE-1, FREE-2)
-    deferred_frees: int  #: free_device calls deferred because the allocation was in use (FREE-2)
+    deferred_frees: int  #: free_device calls deferred because the allocation was in use (FREE-1)
     copies_in: int  #: host_to_device copies issued
     copies_out: int  #: device_to_host copies issued
     bytes_in: int  #: bytes those copies moved to the device
@@ -86,7 +86,7 @@ class Stats(_DictAccess):
     alloc_failures: int  #: alloc_device calls the backend refused (ALLOC-2)
     free_failures: int  #: backend frees that failed, reported once (FREE-3)
     restarts: int  #: restart calls
-    aborted: int  #: held copies a restart ended before they were submitted
+    aborted: int  #: uses a restart aborted (copies held or in flight, views collected after it)
     held: int  #: copies held back behind earlier uses of their bytes (ORDER-1)
     waits: int  #: synchronous calls that waited for an earlier use first (ORDER-1)
 

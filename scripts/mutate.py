@@ -28,6 +28,7 @@ Both reuse a logged outcome only while the code its mutant lives in (its functio
 lines outside functions) is unchanged, so a run stopped, then resumed after edits, reruns exactly
 the mutants of the functions that changed.
     scripts/mutate --list                # the mutants, without running anything
+    scripts/mutate --resume --render     # the report of what the log holds, without running anything
 """
 
 from __future__ import annotations
@@ -463,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", nargs="+", default=list(FILES), choices=FILES, metavar="FILE")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
+    parser.add_argument("--render", action="store_true", help="write the report from the log alone (with --resume)")
     parser.add_argument("--report", type=Path, default=ROOT / "scripts" / "mutation-report.md")
     parser.add_argument("--no-slow", action="store_true", help="skip the stateful second chance")
     parser.add_argument("--again", action="store_true", help="rerun what the last run (its log) did not kill")
@@ -480,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             if reusable(m, before, args.resume)
         ]
         mutants = [m for m in mutants if not reusable(m, before, args.resume)]
+    if args.render:  # the report of what the log holds for today's code; nothing runs
+        args.report.write_text(render(kept, [], 0.0, of=len(kept) + len(mutants)))
+        print(args.report.read_text())
+        return 0
     if args.list:  # reads the log (with --resume or --again: what is left to run), never writes it
         for m in mutants:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
@@ -583,8 +589,12 @@ def scores(results: list[Result]) -> Iterator[tuple[str, Counter[str], float]]:
             yield file, c, 100.0 * killed / live if live else 100.0
 
 
-def render(results: list[Result], stale: list[str], seconds: float) -> str:
-    out = ["# Mutation run", "", f"{len(results)} mutants, {seconds / 60:.0f} min.", ""]
+def render(results: list[Result], stale: list[str], seconds: float, of: int | None = None) -> str:
+    """The report; `of`: the mutants of today's code, when it is rendered from a log that may hold fewer."""
+    done = f"{len(results)} mutants, {seconds / 60:.0f} min."
+    if of is not None:
+        done = f"{len(results)} of {of} mutants logged."
+    out = ["# Mutation run", "", done, ""]
     out += ["| file | mutants | killed | timeout | survived | uncovered | equivalent | disproved | error | score |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for file, c, score in scores(results):

@@ -1,4 +1,4 @@
-"""Several devices in one process (issue #16, Deliver 1): one bridge per device, objects sharded
+"""Several devices in one process: one bridge per device, objects sharded
 across them, every object delivered exactly once across all of them, under faults, restarts and a
 device that stays down."""
 

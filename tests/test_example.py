@@ -1,4 +1,4 @@
-"""The README's main job: the round trip on the fake backend."""
+"""The example: the round trip on the fake backend, the README's quick start, the TinyJit pattern."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_readme_usage_block_runs() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme.split("## Usage", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    block = readme.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}
     exec(compile(block, "README.md", "exec"), namespace)
     bridge = namespace["bridge"]

@@ -178,3 +178,23 @@ def test_a_mutants_outcome_is_read_from_its_pytest_run(mutate: ModuleType) -> No
     outcome, why = run(4, err="ERROR: usage: pytest [options]\n")  # any other usage error is the tool's own
     assert outcome == "error" and why.startswith("pytest exit 4: ")
     assert run(3)[0] == "error"
+
+
+def test_the_readme_quotes_the_mutation_report_as_the_tool_wrote_it(mutate: ModuleType) -> None:
+    """The README's mutation figures are the tool's own output: its summary line and per-file rows
+    are lines of scripts/mutation-report.md (every row of it, in its order), and the run left
+    no listed equivalent disproved."""
+    root = SCRIPT.parent.parent
+    report = (root / "scripts" / "mutation-report.md").read_text().splitlines()
+    readme = (root / "README.md").read_text().splitlines()
+
+    def file_rows(lines: list[str]) -> list[str]:
+        return [line for line in lines if line.startswith("| `") and line.split("`")[1] in mutate.FILES]
+
+    rows = file_rows(readme)
+    assert rows and rows == file_rows(report)
+    header = next(line for line in report if line.startswith("| file | mutants |"))
+    assert readme[readme.index(rows[0]) - 2] == header
+    summary = report[2]  # "1324 mutants, 95 min." or, rendered from a log, "305 of 1324 mutants logged."
+    assert summary.split()[1] in ("mutants,", "of") and any(summary in line for line in readme)
+    assert not any(line.startswith("## Listed as equivalent, disproved") for line in report)
