@@ -1,10 +1,12 @@
-"""The documentation pages that commands write: the command-line reference and the benchmark page.
+"""The documentation that commands write: the command-line reference, the benchmark page, and
+the README's mutation figures.
 
-Neither is written by hand. `docs/reference/cli.md` is every `devbridge` command's `--help`;
+None is written by hand. `docs/reference/cli.md` is every `devbridge` command's `--help`;
 `docs/development/benchmarks.md` is rendered from `docs/development/bench.json`, the output of
-`devbridge bench --json` on the machine it names.
+`devbridge bench --json` on the machine it names; the README's mutation table is the summary of
+`scripts/mutation-report.md`, the report `scripts/mutate` wrote.
 
-    python scripts/pages.py                  # write both pages from the current code and bench.json
+    python scripts/pages.py                  # write them from the current code, bench.json and the report
     python scripts/pages.py --bench          # run `devbridge bench --json` first (a quiet machine!)
     python scripts/pages.py --check          # exit 1 if a page is stale or bench.json no longer has
                                              # the format `devbridge bench --json` prints
@@ -26,6 +28,10 @@ CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 BENCH_PAGE = ROOT / "docs" / "development" / "benchmarks.md"
 BENCH_JSON = ROOT / "docs" / "development" / "bench.json"
 COMMANDS = ("example", "demo", "check", "docs", "bench", "fleet")
+README = ROOT / "README.md"
+MUTATION_REPORT = ROOT / "scripts" / "mutation-report.md"
+#: The README's lines between these two are the mutation report's summary.
+MUTATION_BEGIN, MUTATION_END = "<!-- mutation report: scripts/pages.py -->", "<!-- end of the mutation report -->"
 BENCH_SOURCES = ("bench/copy_bandwidth.py", "bench/order_overhead.py", "bench/queue_latency.py", "bench/soak.py")
 
 
@@ -121,6 +127,16 @@ def bench_page(report: dict[str, Any]) -> str:
     )
 
 
+def readme_with_mutation_figures(readme: str, report: str) -> str:
+    """The README with its mutation block replaced by the report's summary line and per-file table."""
+    lines = report.splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    head, rest = readme.split(MUTATION_BEGIN + "\n", 1)
+    _, tail = rest.split(MUTATION_END, 1)
+    block = [f"The last run, as `scripts/mutate` reported it: {lines[2]}", "", *table]
+    return head + MUTATION_BEGIN + "\n" + "\n".join(block) + "\n" + MUTATION_END + tail
+
+
 def _met(ratio: float, goal: str) -> bool:
     op, bound = goal.split()
     return ratio <= float(bound) if op == "<=" else ratio >= float(bound)
@@ -150,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench:
         BENCH_JSON.write_text(devbridge("bench", "--json", "--rounds", args.rounds))
     report = json.loads(BENCH_JSON.read_text())
-    pages = {CLI_PAGE: cli_page(), BENCH_PAGE: bench_page(report)}
+    pages = {
+        CLI_PAGE: cli_page(),
+        BENCH_PAGE: bench_page(report),
+        README: readme_with_mutation_figures(README.read_text(), MUTATION_REPORT.read_text()),
+    }
     if not args.check:
         for name, text in pages.items():
             name.write_text(text)
