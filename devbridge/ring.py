@@ -13,13 +13,19 @@ copy-facing methods; the worker calls `reserve`, `view`, `release`.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from devbridge.args import as_count
+from devbridge.args import as_count, as_seconds, refuse
 from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
 from devbridge.types import range_fields
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Largest ring the bridge allocates (1 TiB): more is a caller's bug, not a request.
 MAX_CAPACITY = 1 << 40
@@ -65,6 +71,8 @@ class HostRing:
         self.capacity = size
         self._memory = memoryview(memory)
         self._lock = threading.Lock()  # never taken twice: no locked method calls another
+        self._freed = threading.Condition(self._lock)  # notified when bytes are released
+        self._waiting = 0  # reservations blocked on `_freed` (a release notifies only then)
         self._head = 0
         # Unreleased bytes, one span per reservation (split by partial releases), sorted.
         self._starts: list[int] = []
@@ -86,32 +94,106 @@ class HostRing:
         """Stream offset where the next reservation starts (before any lap skip)."""
         return self._head
 
-    def reserve(self, nbytes: int) -> HostRange:
+    def reserve(self, nbytes: int, *, timeout: float | None = 0.0) -> HostRange:
         """Reserve `nbytes` contiguous bytes at the head of the stream.
+
+        Args:
+            nbytes: how many bytes, an int >= 1.
+            timeout: how long to wait for enough bytes to be released, in seconds: 0 (the
+                default) does not wait, None waits for as long as it takes. A waiting call
+                sleeps on a condition that every release signals; it never spins.
 
         Returns:
             The reserved range, writable through `view` until released.
 
         Raises:
             RangeError: RANGE-1, for `nbytes` that is not an int >= 1.
-            RingFullError: RING-2, when they do not fit in the free space now (a reservation
-                that fits always succeeds); nothing is overwritten or changed."""
+            InvalidArgumentError: ARG-1, for a timeout that is not None or seconds >= 0.
+            RingFullError: RING-2, when they do not fit by the timeout (a reservation that
+                fits always succeeds), or at once when they exceed the ring's capacity;
+                nothing is overwritten or changed."""
         n = as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
+        wait = None if timeout is None else as_seconds(timeout, "a reservation's timeout")
         if n > self.capacity:
             raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
         with self._lock:
-            pos = self._head % self.capacity
-            start = self._head if pos + n <= self.capacity else self._head + self.capacity - pos
-            # Bytes skipped at a lap's end are free: with nothing unreleased, the whole ring is.
-            oldest = self._starts[0] if self._starts else start
-            if start + n - oldest > self.capacity:
+            start = self._fit(n)
+            if start is None and wait != 0:
+                start = self._wait_for_room(n, wait)
+            if start is None:
                 raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {self._largest_free()} B")
             self._starts.append(start)
             self._ends.append(start + n)
             self._head = start + n
             return HostRange._made(self, start, n)
+
+    def write(self, r: HostRange, data: Any) -> None:
+        """Copy `data` into the bytes of `r`.
+
+        Args:
+            r: an unreleased range of this ring.
+            data: any C-contiguous buffer of exactly `r.nbytes` bytes: bytes, bytearray, a
+                memoryview of any format, a numpy array of any dtype.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for data that is not a C-contiguous buffer.
+            RangeError: RANGE-1 when its size is not `r.nbytes`; RING-3 when `r` is not
+                unreleased; H2D-3 while an input copy still reads `r`.
+            OutputNotReadyError: D2H-3 while an output copy into `r` is not valid.
+        Nothing is written when it raises."""
+        source = _buffer(data)
+        if not source.c_contiguous:
+            refuse(f"ring data must be C-contiguous, got a {source.format!r} buffer of shape {source.shape}")
+        if source.nbytes != getattr(r, "nbytes", None):
+            raise RangeError("RANGE-1", f"{source.nbytes} B of data for {short(r)}")
+        target = self.view(r)
+        if target.readonly:
+            raise RangeError("H2D-3", f"host bytes {_fmt(r)} are still read by a pending input copy")
+        target[:] = source.cast("B")
+
+    def array(self, r: HostRange, dtype: Any, shape: Any = None) -> np.ndarray:
+        """The bytes of `r` as a numpy array, without a copy.
+
+        Args:
+            r: an unreleased range of this ring.
+            dtype: anything numpy takes as a dtype.
+            shape: the array's shape (an int or a sequence of ints); None: one dimension over
+                the whole range.
+
+        Returns:
+            An array over the ring's memory: read-only while an input copy still reads `r`.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for what is not a numpy dtype of fixed-size items, or
+                a shape that is not an int or a sequence of ints >= 0.
+            RangeError: RANGE-1 when the shape's bytes (or, without a shape, a whole number of
+                items) are not exactly `r.nbytes`; RING-3 when `r` is not unreleased.
+            OutputNotReadyError: D2H-3 while an output copy into `r` has not completed."""
+        import numpy as np
+
+        memory = self.view(r)
+        try:
+            kind = np.dtype(dtype)
+        except (TypeError, ValueError):
+            refuse(f"{short(dtype)} is not a numpy dtype")
+        if kind.hasobject or kind.itemsize == 0:
+            refuse(f"no array of {kind} lies over raw bytes")
+        if shape is None:
+            if r.nbytes % kind.itemsize:
+                raise RangeError("RANGE-1", f"{r.nbytes} B of {_fmt(r)} are not a whole number of {kind}")
+            return np.frombuffer(memory, dtype=kind)
+        dims: list[int] = []
+        for d in shape if isinstance(shape, (list, tuple)) else [shape]:
+            n = as_count(d)
+            if n is None or n < 0:
+                refuse(f"an array's shape is an int or a sequence of ints >= 0, got {short(shape)}")
+            dims.append(n)
+        size = kind.itemsize * math.prod(dims)
+        if size != r.nbytes:
+            raise RangeError("RANGE-1", f"{size} B of {kind} in shape {short(shape)} for the {r.nbytes} B of {_fmt(r)}")
+        return np.frombuffer(memory, dtype=kind).reshape(dims)
 
     def view(self, r: HostRange) -> memoryview:
         """The bytes of an unreleased range: writable, except read-only while an input copy
@@ -243,6 +325,7 @@ class HostRing:
             self._head = head
             self._starts, self._ends = list(starts), list(ends)
             self._reads, self._writes, self._failed = list(reads), list(writes), list(failed)
+            self._freed.notify_all()
 
     # ------------------------------------------------------------ mechanics
 
@@ -255,6 +338,28 @@ class HostRing:
             tuple(sorted(self._writes)),
             tuple(sorted(self._failed)),
         )
+
+    def _fit(self, n: int) -> int | None:  # the lock held
+        """Where a reservation of `n` bytes starts now, or None when it does not fit."""
+        pos = self._head % self.capacity
+        start = self._head if pos + n <= self.capacity else self._head + self.capacity - pos
+        # Bytes skipped at a lap's end are free: with nothing unreleased, the whole ring is.
+        oldest = self._starts[0] if self._starts else start
+        return start if start + n - oldest <= self.capacity else None
+
+    def _wait_for_room(self, n: int, wait: float | None) -> int | None:  # the lock held
+        """Sleep until `n` bytes fit (a release wakes it) or `wait` seconds pass."""
+        deadline = None if wait is None else time.monotonic() + wait
+        self._waiting += 1
+        try:
+            while (start := self._fit(n)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._freed.wait(left)
+            return start
+        finally:
+            self._waiting -= 1
 
     def _largest_free(self) -> int:
         """The longest reservation that would fit now (for messages)."""
@@ -296,6 +401,21 @@ class HostRing:
             self._ends[i] = start
         else:  # the whole span goes (the usual case)
             del self._starts[i], self._ends[i]
+        if self._waiting:
+            self._freed.notify_all()
+
+
+def _buffer(data: object) -> memoryview:
+    """The bytes of `data` through the buffer protocol; ARG-1 for what has none."""
+    try:
+        return memoryview(data)  # type: ignore[arg-type]  # anything: what has no buffer is refused
+    except (TypeError, ValueError):
+        pass
+    import numpy as np
+
+    if isinstance(data, np.ndarray) and data.flags.c_contiguous:  # a dtype the protocol cannot name
+        return memoryview(data.view(np.uint8).data)
+    refuse(f"ring data must be a C-contiguous buffer (bytes, bytearray, memoryview, numpy array), got {short(data)}")
 
 
 def _fmt(r: HostRange) -> str:
