@@ -101,7 +101,13 @@ class Backend(Protocol):
         """The token's status now. Never blocks."""
 
     def wait(self, token: object, timeout: float | None) -> bool:
-        """Block until the token is done or `timeout` seconds pass; whether it is done."""
+        """Block until the token is done or `timeout` seconds pass; whether it is done.
+
+        A backend whose `wait` itself runs the work it waits for (a device that runs queued
+        work when synchronized with; the fake, by default) says so with an attribute
+        `waits_run_work = True`: then `Bridge.wait_any` waits on the first pending event it is
+        given, with no timeout, as `Event.wait` and `Bridge.wait_all` do, instead of sleeping
+        until a completion is reported."""
 
     def subscribe(self, callback: Callable[[object], None]) -> bool:
         """Ask to be called with each token as it completes; False if the backend cannot."""

@@ -32,8 +32,9 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from devbridge import transfer
 from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
@@ -50,7 +51,7 @@ from devbridge.errors import (
     short,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
-from devbridge.ring import HostRange
+from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
 from devbridge.stats import COUNTED, Pins, Stats
 from devbridge.types import (
@@ -62,6 +63,7 @@ from devbridge.types import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     from tinygrad.tensor import Tensor
 
 _owners = itertools.count(1)
@@ -103,6 +105,7 @@ class Bridge:
         self._completions = 0  # completions reported or applied so far (under _progress)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
+        self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
@@ -230,6 +233,55 @@ class Bridge:
                 event carries it)."""
         flag("sync", sync)
         return self._copy("copy_out", dst, src, src, dst, sync, False)
+
+    def upload(
+        self, handle: DeviceHandle, array: Any, *, offset: int = 0, ring: HostRing | None = None, sync: bool = True
+    ) -> CopyEvent:
+        """Copy the bytes of `array` into the allocation at `offset`: reserve host bytes, fill
+        them, `host_to_device` them, in one call.
+
+        Args:
+            handle: a live allocation of this bridge.
+            array: any C-contiguous buffer (a numpy array of any dtype, bytes, a memoryview).
+            offset: where in the allocation, in bytes.
+            ring: the HostRing to reserve the host bytes in; None: the bridge's own (a small
+                staging ring for synchronous uploads, host memory of the copy's own otherwise).
+            sync: as `host_to_device`'s: True returns once the copy is done.
+
+        Returns:
+            The copy's event. Its host bytes are released when it completes; after a failure
+            they stay reserved in a ring of the caller's, as `host_to_device`'s do (COPY-F).
+
+        Raises:
+            InvalidArgumentError: ARG-1, for an array that is not a C-contiguous buffer or a
+                sync other than a bool.
+            RangeError: RANGE-1, for a range that does not fit the allocation or a ring that is
+                not a HostRing. The errors of `host_to_device` and `HostRing.reserve`.
+        A call refused before its copy (a bad argument, handle or range) reserves nothing."""
+        return transfer.upload(self, self._staging, handle, array, offset, ring, sync)
+
+    def download(
+        self, handle: DeviceHandle, dtype: Any, shape: Any, *, offset: int = 0, ring: HostRing | None = None
+    ) -> np.ndarray:
+        """A numpy array of `dtype` and `shape` read from the allocation at `offset`: reserve host
+        bytes, `device_to_host` them (synchronously), copy them out, release them.
+
+        Args:
+            handle: a live allocation of this bridge.
+            dtype: anything numpy takes as a dtype of fixed-size items.
+            shape: an int or a sequence of ints.
+            offset: where in the allocation, in bytes.
+            ring: the HostRing to reserve the host bytes in; None: the bridge's own.
+
+        Returns:
+            A new array the caller owns (the host bytes are released before it returns).
+
+        Raises:
+            InvalidArgumentError: ARG-1, for a dtype or shape numpy refuses.
+            RangeError: RANGE-1, for a range that does not fit the allocation or a ring that is
+                not a HostRing. The errors of `device_to_host` and `HostRing.reserve`.
+        A call refused before its copy (a bad argument, handle or range) reserves nothing."""
+        return transfer.download(self, self._staging, handle, dtype, shape, offset, ring)
 
     def _copy(
         self,
@@ -469,6 +521,10 @@ class Bridge:
         Returns:
             The first done event.
 
+        On a backend whose `wait` runs the work it waits for (`waits_run_work`: the fake, by
+        default), it waits on the first event not done, as `Event.wait` does: the rule that
+        `Event.wait`, `wait_all` and `wait_any` share.
+
         Raises:
             InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
             WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
@@ -476,12 +532,20 @@ class Bridge:
         pending = self._own_events(events, "wait_any")
         if not pending:
             raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
+        drive = getattr(self._backend, "waits_run_work", False) is True
         while True:
             with self._progress:
                 seen = self._completions
             for event in pending:
                 if event.done():
                     return event
+            # the backend runs what it is waited on: wait as Event.wait would (an open compute
+            # block's event is not submitted yet: waiting on it is its block's to declare)
+            first = next((e for e in pending if not getattr(e, "open", False)), None) if drive else None
+            if first is not None:
+                self._wait_backend(first, 0)
+                if first.done():
+                    return first
             remaining = None if ends is None else ends - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
@@ -578,17 +642,39 @@ class Bridge:
             raise RangeError(
                 "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
             )
+        key, record = self._fitting(device)
+        if host.nbytes != device.nbytes:
+            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
+        return key, self._copyable(key, record)
+
+    def check_device_range(self, device: DeviceRange) -> None:
+        """Whether a copy of `device` would pass the device side of a copy's checks now: a
+        range of a live allocation of this bridge, within its extent. Changes nothing.
+
+        Raises:
+            RangeError: RANGE-1, for what is not a DeviceRange that fits its allocation.
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation."""
+        if not isinstance(device, DeviceRange):
+            raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
+        with self._lock:
+            self._copyable(*self._fitting(device))
+
+    def _fitting(self, device: DeviceRange) -> tuple[tuple[int, int], Allocation | None]:
+        """The key and record of `device`'s allocation, the range within its extent (RANGE-1)."""
         key, record = self._resolve(device.handle)
         extent = record.extent if record is not None else device.handle.extent  # sealed when dead
         offset, nbytes = device.offset, device.nbytes
         if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= extent - offset):
             raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
-        if host.nbytes != nbytes:
-            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {nbytes} B")
+        return key, record
+
+    def _copyable(self, key: tuple[int, int], record: Allocation | None) -> Allocation:
+        """The record, once the core says a copy may begin on it (GEN-2, USE-1)."""
         self._core.check([key], "copy_begin")
         if record is None:  # the check refuses a dead allocation; should it not, still no crash
             raise self._core.dead(*key, "copy_begin")
-        return key, record
+        return record
 
     def _first_status(self, token: object) -> Status | None:
         """An asynchronous copy's status on submission: the backend's answer to one query (done

@@ -143,15 +143,13 @@ class HostRing:
                 unreleased; H2D-3 while an input copy still reads `r`.
             OutputNotReadyError: D2H-3 while an output copy into `r` is not valid.
         Nothing is written when it raises."""
-        source = _buffer(data)
-        if not source.c_contiguous:
-            refuse(f"ring data must be C-contiguous, got a {source.format!r} buffer of shape {source.shape}")
+        source = byte_view(data)
         if source.nbytes != getattr(r, "nbytes", None):
             raise RangeError("RANGE-1", f"{source.nbytes} B of data for {short(r)}")
         target = self.view(r)
         if target.readonly:
             raise RangeError("H2D-3", f"host bytes {_fmt(r)} are still read by a pending input copy")
-        target[:] = source.cast("B")
+        target[:] = source
 
     def array(self, r: HostRange, dtype: Any, shape: Any = None) -> np.ndarray:
         """The bytes of `r` as a numpy array, without a copy.
@@ -174,25 +172,15 @@ class HostRing:
         import numpy as np
 
         memory = self.view(r)
-        try:
-            kind = np.dtype(dtype)
-        except (TypeError, ValueError):
-            refuse(f"{short(dtype)} is not a numpy dtype")
-        if kind.hasobject or kind.itemsize == 0:
-            refuse(f"no array of {kind} lies over raw bytes")
-        if shape is None:
+        kind, dims, nbytes = array_layout(dtype, shape)
+        if nbytes is None:
             if r.nbytes % kind.itemsize:
                 raise RangeError("RANGE-1", f"{r.nbytes} B of {_fmt(r)} are not a whole number of {kind}")
             return np.frombuffer(memory, dtype=kind)
-        dims: list[int] = []
-        for d in shape if isinstance(shape, (list, tuple)) else [shape]:
-            n = as_count(d)
-            if n is None or n < 0:
-                refuse(f"an array's shape is an int or a sequence of ints >= 0, got {short(shape)}")
-            dims.append(n)
-        size = kind.itemsize * math.prod(dims)
-        if size != r.nbytes:
-            raise RangeError("RANGE-1", f"{size} B of {kind} in shape {short(shape)} for the {r.nbytes} B of {_fmt(r)}")
+        if nbytes != r.nbytes:
+            raise RangeError(
+                "RANGE-1", f"{nbytes} B of {kind} in shape {short(shape)} for the {r.nbytes} B of {_fmt(r)}"
+            )
         return np.frombuffer(memory, dtype=kind).reshape(dims)
 
     def view(self, r: HostRange) -> memoryview:
@@ -405,17 +393,42 @@ class HostRing:
             self._freed.notify_all()
 
 
-def _buffer(data: object) -> memoryview:
-    """The bytes of `data` through the buffer protocol; ARG-1 for what has none."""
+def byte_view(data: object) -> memoryview:
+    """The bytes of `data`, a C-contiguous buffer, as one flat run of bytes (no copy); ARG-1 for
+    anything else."""
     try:
-        return memoryview(data)  # type: ignore[arg-type]  # anything: what has no buffer is refused
+        view = memoryview(data)  # type: ignore[arg-type]  # anything: what has no buffer is refused
     except (TypeError, ValueError):
-        pass
+        import numpy as np
+
+        if not (isinstance(data, np.ndarray) and data.flags.c_contiguous):
+            refuse(f"data must be a C-contiguous buffer (bytes, bytearray, memoryview, numpy array), got {short(data)}")
+        view = memoryview(data.view(np.uint8).data)  # a dtype the buffer protocol cannot name
+    if not view.c_contiguous:
+        refuse(f"data must be C-contiguous, got a {view.format!r} buffer of shape {view.shape}")
+    return view.cast("B")
+
+
+def array_layout(dtype: object, shape: object) -> tuple[np.dtype[Any], list[int], int | None]:
+    """A numpy dtype of fixed-size items, the dimensions of `shape` (an int or a sequence of ints
+    >= 0) and their size in bytes (None for no shape); ARG-1 for anything else."""
     import numpy as np
 
-    if isinstance(data, np.ndarray) and data.flags.c_contiguous:  # a dtype the protocol cannot name
-        return memoryview(data.view(np.uint8).data)
-    refuse(f"ring data must be a C-contiguous buffer (bytes, bytearray, memoryview, numpy array), got {short(data)}")
+    try:
+        kind = np.dtype(dtype)  # type: ignore[call-overload]  # anything: what numpy refuses is refused
+    except (TypeError, ValueError):
+        refuse(f"{short(dtype)} is not a numpy dtype")
+    if kind.hasobject or kind.itemsize == 0:
+        refuse(f"no array of {kind} lies over raw bytes")
+    if shape is None:
+        return kind, [], None
+    dims: list[int] = []
+    for d in shape if isinstance(shape, (list, tuple)) else [shape]:
+        n = as_count(d)
+        if n is None or n < 0:
+            refuse(f"an array's shape is an int or a sequence of ints >= 0, got {short(shape)}")
+        dims.append(n)
+    return kind, dims, kind.itemsize * math.prod(dims)
 
 
 def _fmt(r: HostRange) -> str:

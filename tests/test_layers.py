@@ -60,10 +60,16 @@ SEEDED = {
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from devbridge.bridge import Bridge\n",
         KEPT | {LAYERS: "BROKEN", ACYCLIC: "BROKEN", PURE: "BROKEN"},  # the core imports errors: numpy via the bridge
     ),
-    # the core reaching up into the runtime
+    # the core reaching up into the runtime (whose ring uses numpy for its arrays: impure too)
     "the core imports the events": (
         "devbridge/statemachine/core.py",
         "from devbridge.events import Link\n",
+        KEPT | {LAYERS: "BROKEN", PURE: "BROKEN"},
+    ),
+    # a value type reaching up to the backend protocol: the layers contract alone
+    "the value types import the backend protocol": (
+        "devbridge/types.py",
+        "from devbridge.backends.base import Status\n",
         KEPT | {LAYERS: "BROKEN"},
     ),
     # ring <-> events: upward, and a cycle between siblings
@@ -140,3 +146,11 @@ def test_a_checkout_serves_the_mapped_folders_as_devbridge_and_nothing_else() ->
         "testing": str(ROOT / "devbridge" / "testing" / "__init__.py"),
         "apps.worker": str(ROOT / "devbridge" / "apps" / "worker" / "__init__.py"),
     }, run.stderr
+
+
+def test_the_layers_page_of_the_docs_lists_the_contracts_layers() -> None:
+    """docs/development/layers.md shows the layers as pyproject.toml states them, top first."""
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["name"] == LAYERS)
+    page = (ROOT / "docs" / "development" / "layers.md").read_text()
+    assert "```text\n" + "\n".join(layers) + "\n```" in page

@@ -197,3 +197,63 @@ def test_an_events_error_asks_the_backend_when_it_cannot_report_completions(ring
     fake.complete(second)
     assert isinstance(first.error, DeviceCopyError) and first.error.rule == "COPY-F"
     assert second.error is None and second.done()
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_any_runs_the_work_on_the_fake_as_event_wait_does(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """The fake runs what it is waited on (`waits_run_work`): wait_any waits on the first event
+    not done, in the order given, and returns the first found done."""
+    assert fake.waits_run_work is True
+    a, b = two_copies(bridge, ring)
+    assert bridge.wait_any([b, a], timeout=5) is b
+    assert (a.done(), b.done()) == (False, True)  # the fake's copies run in any order
+    assert fake.device_bytes(0) == b"\0\0\0\0bbbb"
+    assert bridge.wait_any([a, b], timeout=5) is b  # one done already: returned without a wait
+    assert bridge.wait_any([a], timeout=5) is a and fake.device_bytes(0) == b"aaaabbbb"
+    # a copy held behind another (ORDER-1) has no token yet: its blocker is waited on, and the
+    # first event found done is returned
+    h = bridge.alloc_device(U8, 4)
+    first = bridge.host_to_device(put(ring, b"1111"), DeviceRange(h, 0, 4), sync=False)
+    held = bridge.host_to_device(put(ring, b"2222"), DeviceRange(h, 0, 4), sync=False)
+    assert held.backend_token is None
+    assert bridge.wait_any([held, first], timeout=5) is first
+
+
+@pytest.mark.holds("WAIT-1")
+def test_wait_any_leaves_an_open_compute_block_alone_and_runs_the_next_event(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h, other = bridge.alloc_device(U8, 4), bridge.alloc_device(U8, 4)
+    with bridge.compute(h) as block:
+        copy = bridge.host_to_device(put(ring, b"cccc"), DeviceRange(other, 0, 4), sync=False)
+        assert bridge.wait_any([block, copy], timeout=5) is copy
+        assert block.open and not block.done()
+    block.wait(5)
+
+
+@pytest.mark.rejects("WAIT-1")
+def test_wait_any_on_a_fake_that_does_not_run_waited_work_times_out(ring: HostRing, hung: FakeBackend) -> None:
+    bridge = Bridge(hung)
+    a, _ = two_copies(bridge, ring)
+    assert hung.waits_run_work is False
+    with refused("WAIT-1"):
+        bridge.wait_any([a], timeout=0.05)
+    assert not a.done() and [e.pending for e in hung.pending()] == [True, True]
+
+
+def test_only_a_backend_that_says_true_is_driven_and_the_faulty_wrapper_passes_it_on(ring: HostRing) -> None:
+    from devbridge.testing import FaultyBackend
+
+    assert FaultyBackend(FakeBackend()).waits_run_work is True
+    assert FaultyBackend(FakeBackend(run_on_wait=False)).waits_run_work is False
+
+    class Vague(FakeBackend):
+        waits_run_work = "yes"  # type: ignore[assignment]  # not True: not a promise
+
+    bridge = Bridge(Vague())
+    a, _ = two_copies(bridge, ring)
+    with refused("WAIT-1"):
+        bridge.wait_any([a], timeout=0.05)
+    assert not a.done()

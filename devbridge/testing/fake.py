@@ -414,6 +414,12 @@ class FakeBackend:
         self._finish(ev, None, settled_ok=True)  # another thread may have completed it meanwhile
         return True
 
+    @property
+    def waits_run_work(self) -> bool:
+        """Whether `wait` runs the work it waits for (`run_on_wait`): `Bridge.wait_any` then
+        waits as `Event.wait` does."""
+        return self.run_on_wait
+
     def subscribe(self, callback: Callable[[object], None]) -> bool:
         with self._cond:
             self._listeners.append(callback)
