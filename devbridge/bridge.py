@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from devbridge import transfer
+from devbridge import aio, transfer
 from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import OK, Backend, BackendError, Status
 from devbridge.errors import (
@@ -99,10 +99,13 @@ class Bridge:
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         self._lock = threading.RLock()
-        self._link = Link(self._refresh, self._wait_backend, self._entered, self._closed)  # what its events ask
         self._run = _Execution(self)  # the core's orchestration runs on the backend through it
         self._progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
         self._completions = 0  # completions reported or applied so far (under _progress)
+        drive = getattr(backend, "waits_run_work", False) is True  # its wait runs the work (the fake)
+        self._watcher = aio.Watcher(self._progress, lambda: self._completions, self._drive if drive else None, POLL_S)
+        # what its events ask
+        self._link = Link(self._refresh, self._wait_backend, self._entered, self._closed, self._watcher.future)
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
@@ -532,7 +535,7 @@ class Bridge:
         pending = self._own_events(events, "wait_any")
         if not pending:
             raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
-        drive = getattr(self._backend, "waits_run_work", False) is True
+        drive = self._watcher.drives
         while True:
             with self._progress:
                 seen = self._completions
@@ -543,7 +546,7 @@ class Bridge:
             # block's event is not submitted yet: waiting on it is its block's to declare)
             first = next((e for e in pending if not getattr(e, "open", False)), None) if drive else None
             if first is not None:
-                self._wait_backend(first, 0)
+                self._drive(first)
                 if first.done():
                     return first
             remaining = None if ends is None else ends - time.monotonic()
@@ -552,6 +555,34 @@ class Bridge:
             with self._progress:
                 if self._completions == seen:
                     self._progress.wait(POLL_S if remaining is None else min(remaining, POLL_S))
+
+    async def wait_any_async(self, events: Iterable[Event], timeout: float | None = None) -> Event:
+        """`wait_any` for asyncio: the first of `events` found done, in the order given. The
+        loop is never blocked: the bridge's one watcher thread settles awaited events.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        deadline(timeout)
+        pending = self._own_events(events, "wait_any_async")
+        if not pending:
+            raise InvalidArgumentError("ARG-1", "wait_any_async needs at least one event")
+        return await aio.wait_any(self._watcher, pending, None if timeout is None else float(timeout))
+
+    async def wait_all_async(self, events: Iterable[Event], timeout: float | None = None) -> None:
+        """`wait_all` for asyncio: every one of `events` done; failures stay with their events.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        deadline(timeout)
+        pending = self._own_events(events, "wait_all_async")
+        await aio.wait_all(self._watcher, pending, None if timeout is None else float(timeout))
+
+    def _drive(self, event: Event) -> None:
+        """Wait on `event` as Event.wait does, not longer than it takes: for a backend whose wait
+        runs the work it waits for (`waits_run_work`)."""
+        self._wait_backend(event, 0)
 
     # ------------------------------------------------------------ introspection
 

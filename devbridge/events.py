@@ -3,10 +3,12 @@ Bridge that issued them (`Link`): events never reach into the Bridge, nor the Br
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from types import TracebackType
+from typing import Any
 
 from devbridge.args import as_seconds
 from devbridge.errors import BridgeError, WaitTimeoutError
@@ -19,7 +21,7 @@ class Link:
     what the backend finished, block on the backend, close a compute's block) and settles
     events through it; an event holds its bridge's Link, which also says whose event it is."""
 
-    __slots__ = ("block", "close", "enter", "refresh")
+    __slots__ = ("block", "close", "enter", "future", "refresh")
 
     def __init__(
         self,
@@ -27,11 +29,13 @@ class Link:
         block: Callable[[Event, float | None], None],
         enter: Callable[[ComputeEvent], None],
         close: Callable[[ComputeEvent], None],
+        future: Callable[[Event], asyncio.Future[None]],
     ) -> None:
         self.refresh = refresh  # apply what the backend finished for this event (and what it follows)
         self.block = block  # block on the backend until it may have finished, or the timeout passes
         self.enter = enter  # a compute's block begins: it cannot end before the block does
         self.close = close  # a compute's block is over: its work is all enqueued
+        self.future = future  # an asyncio future of the running loop that ends as the event does
 
     def owns(self, event: object) -> bool:
         return isinstance(event, Event) and event._link is self
@@ -71,6 +75,12 @@ class Event:
         for a use a restart aborted); None while pending or on success."""
         self.done()
         return self._error
+
+    def __await__(self) -> Generator[Any, None, None]:
+        """`await event` in asyncio: returns once it is done, raises its failure; with
+        `asyncio.wait_for(event, timeout)` for a timeout. No thread per event: the bridge's
+        one watcher settles every awaited event as the backend reports completions."""
+        return self._link.future(self).__await__()
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if

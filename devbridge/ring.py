@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from devbridge.args import as_count, as_seconds, refuse
 from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
-from devbridge.types import range_fields
+from devbridge.types import dtype_name, range_fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -414,8 +414,13 @@ def array_layout(dtype: object, shape: object) -> tuple[np.dtype[Any], list[int]
     >= 0) and their size in bytes (None for no shape); ARG-1 for anything else."""
     import numpy as np
 
+    # numpy probes what it is given (its `dtype` attribute, ...): only names, classes and dtypes
+    # reach it; a tinygrad dtype goes by its name
+    given = dtype if type(dtype) is str or isinstance(dtype, (type, np.dtype)) else dtype_name(dtype)
+    if given is None:  # (numpy would take None for float64)
+        refuse(f"{short(dtype)} is not a numpy dtype")
     try:
-        kind = np.dtype(dtype)  # type: ignore[call-overload]  # anything: what numpy refuses is refused
+        kind = np.dtype(given)
     except (TypeError, ValueError):
         refuse(f"{short(dtype)} is not a numpy dtype")
     if kind.hasobject or kind.itemsize == 0:

@@ -32,27 +32,59 @@ DTYPE_SIZES: dict[str, int] = {
 }
 
 
+#: tinygrad's names of its dtypes (`dtypes.float32.name == "float"`), by ours.
+TINYGRAD_NAMES = {
+    "signed char": "int8", "unsigned char": "uint8", "short": "int16", "unsigned short": "uint16",
+    "int": "int32", "unsigned int": "uint32", "long": "int64", "unsigned long": "uint64",
+    "half": "float16", "__bf16": "bfloat16", "float": "float32", "double": "float64", "bool": "bool",
+}  # fmt: skip
+
+
+def dtype_name(dtype: object) -> str | None:
+    """Our name of a dtype given as a name ("float32"), a numpy dtype or scalar type
+    (`np.float32`, `np.dtype("f4")`) or a tinygrad dtype (`dtypes.float32`); None for anything
+    else. Read from the objects' names: neither numpy nor tinygrad is imported."""
+    if type(dtype) is str:
+        return dtype if dtype in DTYPE_SIZES else None
+    kind = dtype if isinstance(dtype, type) else type(dtype)
+    module = getattr(kind, "__module__", "") or ""
+    if module.split(".")[0] == "numpy":
+        if getattr(dtype, "byteorder", "=") == ">":  # (a dtype's: a scalar type has its own)
+            return None  # big-endian: not the bytes a device view reads
+        name = getattr(dtype, "__name__" if isinstance(dtype, type) else "name", None)
+        name = "bool" if name == "bool_" else name
+        return name if type(name) is str and name in DTYPE_SIZES else None
+    if module == "tinygrad.dtype" and kind.__name__ == "DType":  # a scalar dtype, not a pointer or vector
+        name = TINYGRAD_NAMES.get(str(getattr(dtype, "name", "")))
+        return name if name is not None and getattr(dtype, "itemsize", None) == DTYPE_SIZES[name] else None
+    return None
+
+
 #: Largest allocation extent the bridge asks a backend for (256 TiB: beyond any device's memory).
 MAX_EXTENT = 1 << 48
 
 
 @dataclass(frozen=True, slots=True)
 class TensorViewSpec:
-    """The tensor a role sees over an allocation: shape, dtype, byte offset."""
+    """The tensor a role sees over an allocation: shape, dtype, byte offset. The shape may be
+    given as a list and the dtype as a numpy or tinygrad dtype: both are kept in the one form
+    (a tuple of ints, a name such as "float32"), so equal views compare equal."""
 
     shape: tuple[int, ...]
     dtype: str
     offset: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.shape, tuple) or not self.shape:
-            raise InvalidViewError("VIEW-2", f"shape must be a non-empty tuple, got {short(self.shape)}")
+        if not isinstance(self.shape, (tuple, list)) or not self.shape:
+            raise InvalidViewError("VIEW-2", f"shape must be a non-empty tuple or list, got {short(self.shape)}")
         counts = [as_count(d) for d in self.shape]
         dims = tuple(d for d in counts if d is not None and d > 0)
         if len(dims) != len(counts):
             raise InvalidViewError("VIEW-2", f"shape dimensions must be positive ints, got {short(self.shape)}")
-        if type(self.dtype) is not str or self.dtype not in DTYPE_SIZES:
+        dtype = dtype_name(self.dtype)
+        if dtype is None:
             raise InvalidViewError("VIEW-2", f"unknown dtype {short(self.dtype)}")
+        object.__setattr__(self, "dtype", dtype)
         offset = as_count(self.offset)
         if offset is None or offset < 0:
             raise InvalidViewError("VIEW-2", f"offset must be a non-negative int, got {short(self.offset)}")

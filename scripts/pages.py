@@ -32,7 +32,13 @@ README = ROOT / "README.md"
 MUTATION_REPORT = ROOT / "scripts" / "mutation-report.md"
 #: The README's lines between these two are the mutation report's summary.
 MUTATION_BEGIN, MUTATION_END = "<!-- mutation report: scripts/pages.py -->", "<!-- end of the mutation report -->"
-BENCH_SOURCES = ("bench/copy_bandwidth.py", "bench/order_overhead.py", "bench/queue_latency.py", "bench/soak.py")
+BENCH_SOURCES = (
+    "bench/copy_bandwidth.py",
+    "bench/order_overhead.py",
+    "bench/queue_latency.py",
+    "bench/reserve_wait.py",
+    "bench/soak.py",
+)
 
 
 def devbridge(*args: str) -> str:

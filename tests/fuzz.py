@@ -35,8 +35,9 @@ SPECS = [U8, F32, ObjectSpec("flag", "bool", role="data"), ObjectSpec("half", "f
 #: Sizes and offsets around every edge the bridge checks (zero, one past, negative, huge).
 NUMBERS = st.one_of(st.integers(0, 80), st.sampled_from([-1, 81, 1 << 40, 2**63]))
 JUNK: list[object] = [None, True, 0, -1, 2**64, 1.5, float("nan"), "h", b"\x00", [], (), {}, object(), Bridge]
-PUBLIC = ["alloc_device", "free_device", "host_to_device", "device_to_host", "compute", "wrap_for_tinygrad",
-          "poll", "restart", "wait_all", "wait_any", "pins", "state", "stats"]  # fmt: skip
+PUBLIC = ["alloc_device", "free_device", "host_to_device", "device_to_host", "upload", "download", "compute",
+          "wrap_for_tinygrad", "poll", "restart", "wait_all", "wait_any", "pins", "state", "stats",
+          "check_device_range"]  # fmt: skip
 
 
 #: Positional parameters of each public method (a call of another arity is Python's TypeError).
@@ -248,7 +249,7 @@ class APIFuzz(RuleBasedStateMachine):
         method = getattr(self.bridge, name)
         known: list[object] = [*self.handles, *self.ranges, *self.events, *SPECS, self.ring]
         args = [data.draw(st.sampled_from(known + JUNK)) for _ in range(ARITY[name])]  # calls Python accepts
-        flags = {"host_to_device": ("sync", "release"), "device_to_host": ("sync",)}.get(name, ())
+        flags = {"host_to_device": ("sync", "release"), "device_to_host": ("sync",), "upload": ("sync",)}.get(name, ())
         kwargs = {flag: data.draw(st.sampled_from([True, False, *JUNK])) for flag in flags}
         self.attempt(method, *args, **kwargs)
 

@@ -121,3 +121,13 @@ def test_the_queue_latency_benchmark_runs_a_revision_beside_this_one(capsys: pyt
     assert list(got["median_s"]) == ["now", "before"] and got["before"] == REVISIONS.short_rev("HEAD")
     assert [list(steps_of) for steps_of in got["median_s"].values()] == [steps, steps]
     assert got["median_s"]["now"]["pending after the calls"] == 3
+
+
+def test_reserve_wait_bench_runs_and_reports_wake_up_and_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/reserve_wait.py: a smoke run (its figures are the benchmark's, not a test's)."""
+    from devbridge.bench import reserve_wait
+
+    assert reserve_wait.main(["--rounds", "3", "--hold-ms", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(report) == ["cpu_share_max", "cpu_share_median", "hold_ms", "rounds", "wake_ms_median", "wake_ms_p90"]
+    assert report["rounds"] == 3 and 0 <= report["wake_ms_median"] <= report["wake_ms_p90"]

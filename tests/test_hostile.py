@@ -551,6 +551,47 @@ def test_any_arguments_to_device_to_host(data: st.DataObject) -> None:
 
 @FAST
 @given(data=st.data())
+def test_any_arguments_to_upload(data: st.DataObject) -> None:
+    w = make_world()
+    handle = data.draw(either([w.h0, w.h1], w), label="handle")
+    array = data.draw(either([np.arange(4, dtype=np.float32), b"u" * 8, np.zeros((2, 2), np.int16)], w), label="array")
+    offset = data.draw(either([0, 8, 60], w), label="offset")
+    ring = data.draw(either([None, w.ring], w), label="ring")
+    sync = data.draw(either([True, False], w), label="sync")
+    attempt(w, lambda: w.bridge.upload(handle, array, offset=offset, ring=ring, sync=sync))  # type: ignore[arg-type]
+
+
+@FAST
+@given(data=st.data())
+def test_any_arguments_to_download(data: st.DataObject) -> None:
+    w = make_world()
+    handle = data.draw(either([w.h0, w.h1], w), label="handle")
+    dtype = data.draw(either([np.float32, "u1", "i2"], w), label="dtype")
+    shape = data.draw(either([4, (2, 2), [8], ()], w), label="shape")
+    offset = data.draw(either([0, 8, 60], w), label="offset")
+    ring = data.draw(either([None, w.ring], w), label="ring")
+    attempt(w, lambda: w.bridge.download(handle, dtype, shape, offset=offset, ring=ring))  # type: ignore[arg-type]
+
+
+@FAST
+@given(data=st.data())
+def test_any_arguments_to_the_rings_write_array_and_reserve(data: st.DataObject) -> None:
+    w = make_world()
+    r = data.draw(either([w.src, w.out, w.src.sub(0, 8)], w), label="range")
+    payload = data.draw(either([b"w" * 16, np.ones(4, np.float32), memoryview(bytes(8))], w), label="data")
+    dtype = data.draw(either(["f4", np.uint8], w), label="dtype")
+    shape = data.draw(either([None, 4, (2, 2)], w), label="shape")
+    nbytes = data.draw(either([1, 16, 4096, 5000], w), label="nbytes")
+    timeout = data.draw(either([0, 0.0, 0.001], w), label="timeout")
+    attempt(w, lambda: w.ring.write(r, payload))  # type: ignore[arg-type]
+    attempt(w, lambda: w.ring.array(r, dtype, shape))  # type: ignore[arg-type]
+    # only timeouts refused at once or short: a valid long one would wait for a release no one makes
+    if timeout is not None and (certainly_invalid_timeout(timeout) or float(timeout) <= 0.01):  # type: ignore[arg-type]
+        attempt(w, bounded(lambda: w.ring.reserve(nbytes, timeout=timeout), 5.0))  # type: ignore[arg-type]
+
+
+@FAST
+@given(data=st.data())
 def test_any_timeout_to_event_wait(data: st.DataObject) -> None:
     w = make_world()
     timeout = data.draw(either([None, 0, 0.0, 0.001], w), label="timeout")
@@ -1068,7 +1109,7 @@ def test_object_spec_refuses_a_bad_field(bad: dict[str, object]) -> None:
 
 
 BAD_VIEW_ARGS: list[dict[str, object]] = [
-    *[{"shape": v} for v in ((), [4], (0,), (-1,), (1.5,), ("4",), (True,), (4, 0), None, 4, "4", (np.float64(4),))],
+    *[{"shape": v} for v in ((), [], [0], (-1,), (1.5,), ("4",), (True,), (4, 0), None, 4, "4", (np.float64(4),))],
     *[{"dtype": v} for v in ("float33", "", None, 3, b"uint8", [], {}, Hostile())],
     *[{"offset": v} for v in (-1, -4, 1.5, "0", None, True, 2)],  # 2: not aligned to float32
 ]

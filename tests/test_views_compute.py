@@ -68,7 +68,7 @@ def test_invalid_views_are_rejected_without_a_backend_call(bridge: Bridge, fake:
 @pytest.mark.parametrize(
     ("shape", "dtype", "offset"),
     [((), "float32", 0), ((0, 2), "float32", 0), ((2,), "float31", 0), ((2,), "float32", 2), ((2,), "float32", -4),
-     ([2], "float32", 0), ((2.0,), "float32", 0)],
+     ([], "float32", 0), ((2.0,), "float32", 0)],
 )  # fmt: skip
 def test_view_spec_validates_itself(shape: object, dtype: str, offset: int) -> None:
     with refused("VIEW-2"):
