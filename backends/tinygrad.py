@@ -234,6 +234,13 @@ class TinygradBackend:
         except Exception as e:  # not a view this backend made: tinygrad's internals moved
             raise BackendError(f"{self.device}: no buffer under the view: {e}") from e
 
+    def holders(self, anchor: object) -> dict[str, int]:
+        """What still reaches a view's memory, by kind (`Bridge.pins(h, holders=True)`)."""
+        try:
+            return tg.holders(anchor)  # type: ignore[arg-type]  # an anchor this backend made
+        except Exception as e:  # tinygrad's internals moved
+            raise BackendError(f"{self.device}: cannot tell what holds the view: {e}") from e
+
     def view_alignment(self, dtype: str) -> int:
         return tg.VIEW_ALIGNMENT if self.capabilities.sub_buffers else 0  # 0: views at offset 0 only
 

@@ -234,6 +234,35 @@ def view_anchor(view: Tensor) -> Buffer:
     return buffer
 
 
+def holders(buffer: Buffer) -> dict[str, int]:
+    """Which tinygrad objects can still reach `buffer`'s memory, by kind: `views` (tensors that
+    are the memory itself, reshaped or sliced), `derived` (tensors whose lazy graph reads it),
+    `grads` (tensors that are some tensor's `.grad` and reach it) and `jit` (TinyJit captures
+    whose kernels use it). A census of every live tensor and capture: for diagnosis, not a hot
+    path. What holds the memory some other way (a UOp kept by hand) is in none of them."""
+    import gc
+
+    from tinygrad.engine.jit import CapturedJit
+    from tinygrad.tensor import all_tensors
+    from tinygrad.uop import Ops
+    from tinygrad.uop.ops import buffers
+
+    def reaches(root: UOp) -> bool:
+        return any(u.op is Ops.BUFFER and buffers.get(u) is buffer for u in root.toposort())
+
+    counts = {"views": 0, "derived": 0, "grads": 0, "jit": 0}
+    live = [t for ref in list(all_tensors) if (t := ref()) is not None]
+    grads = {id(t.grad) for t in live if t.grad is not None}
+    for t in live:
+        base = t.uop.base
+        if base.op is Ops.BUFFER and buffers.get(base) is buffer:
+            counts["grads" if id(t) in grads else "views"] += 1
+        elif reaches(t.uop):
+            counts["grads" if id(t) in grads else "derived"] += 1
+    counts["jit"] = sum(isinstance(o, CapturedJit) and reaches(o._linear) for o in gc.get_objects())
+    return counts
+
+
 def markers(device: str) -> Callable[[], Callable[[], bool]]:
     """A maker of markers for `device`: each marker is a probe that is true once all work queued on
     the device before it was made has finished. The device's signals are looked up once, here."""

@@ -24,6 +24,7 @@ free is reported, never retried (FREE-3), and never stops a restart.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -109,6 +110,7 @@ class Bridge:
         self._counts: Counter[str] = Counter()
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
+        self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
@@ -451,6 +453,7 @@ class Bridge:
             use = self._core.begin("view", [key])
             # in use while any tinygrad object can reach the memory, not just this Tensor (VIEW-3)
             weakref.finalize(anchor, self._core.view_gone, use.id)
+            self._anchors[use.id] = anchor  # (weakly: for pins' census of what holds it)
             self._counts["views"] += 1
             return tensor
 
@@ -586,24 +589,33 @@ class Bridge:
 
     # ------------------------------------------------------------ introspection
 
-    def pins(self, handle: DeviceHandle) -> Pins:
+    def pins(self, handle: DeviceHandle, *, holders: bool = False) -> Pins:
         """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
         (input and output copies, compute events, live views: a view counts while any tinygrad
         object can reach its memory), and how long a deferred release has waited.
 
         Args:
             handle: a handle this bridge issued (freed or of an old generation included).
+            holders: also say what still reaches the views' memory, by kind: tensors that are
+                the views themselves, tensors derived from them, gradients, TinyJit captures
+                (a census of tinygrad's live objects: for diagnosis, not a hot path). Only a
+                backend that can tell fills it (tinygrad's); otherwise it stays empty.
 
         Returns:
             A `Pins` (devbridge.stats), field by field.
 
         Raises:
-            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue."""
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue.
+            InvalidArgumentError: ARG-1, for holders other than a bool.
+            BackendFailureError: FAULT-1, when the backend cannot make the census."""
+        census = flag("holders", holders) and callable(getattr(self._backend, "holders", None))
         with self._lock:
             self._drain()
             key, _ = self._resolve(handle)
-            kinds = Counter(use.kind for use in self._core.dependents(key[0]))
-            return Pins(
+            uses = self._core.dependents(key[0])
+            kinds = Counter(use.kind for use in uses)
+            anchors = [a for u in uses if u.kind == "view" and (a := self._anchors.get(u.id)) is not None]
+            pins = Pins(
                 state=self._core.state(*key),
                 copies_in=kinds["copy_in"],
                 copies_out=kinds["copy_out"],
@@ -611,6 +623,15 @@ class Bridge:
                 views=kinds["view"],
                 waiting_s=self._core.waited(key[0], time.monotonic()),
             )
+        if not census:
+            return pins
+        total: Counter[str] = Counter()
+        for anchor in anchors:  # without the lock: a census walks every live tensor
+            try:
+                total.update(self._backend.holders(anchor))  # type: ignore[attr-defined]
+            except BackendError as e:
+                raise BackendFailureError("FAULT-1", f"{short(handle)}: {e}") from e
+        return dataclasses.replace(pins, holders=dict(total))
 
     def state(self, handle: DeviceHandle) -> str:
         """The allocation's lifecycle state, a state name of the spec.

@@ -8,8 +8,8 @@ with a DeprecationWarning naming the attribute to read instead.
 from __future__ import annotations
 
 import warnings
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
-from dataclasses import asdict, dataclass, fields
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -101,6 +101,9 @@ class Pins(_DictAccess):
     computes: int  #: compute events naming it in flight
     views: int  #: live views: a view counts while any tinygrad object can still reach its memory
     waiting_s: float  #: seconds a deferred free has waited for these uses (0.0 when none)
+    #: with `pins(h, holders=True)`, on a backend that can tell: what still reaches the views'
+    #: memory, by kind ("views", "derived", "grads", "jit"); empty otherwise
+    holders: Mapping[str, int] = field(default_factory=dict)
 
 
 #: Stats' fields that read the bridge's state now; the others are counters it keeps.

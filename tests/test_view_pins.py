@@ -111,6 +111,7 @@ def test_a_reshape_keeps_the_allocation_in_use_after_the_view_is_dropped(make_ri
     assert rig.bridge.state(h) == "computing"
     assert rig.bridge.pins(h).as_dict() == {
         "state": "computing", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": 0.0,
+        "holders": {},
     }  # fmt: skip
     with deferred("VIEW-3", rig.ops):
         rig.bridge.free_device(h)
@@ -119,6 +120,7 @@ def test_a_reshape_keeps_the_allocation_in_use_after_the_view_is_dropped(make_ri
     assert isinstance(pins.waiting_s, float) and 0.0 <= pins.waiting_s < 60.0
     assert pins.as_dict() | {"waiting_s": None} == {
         "state": "free_pending", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": None,
+        "holders": {},
     }  # fmt: skip
     got = d.numpy()  # the allocation's bytes, not the fake's poison (0xDD)
     np.testing.assert_array_equal(got, X16.reshape(4, 4))
@@ -253,6 +255,7 @@ def test_a_jit_holding_its_output_view_pins_it_until_the_jit_is_deleted(
     assert rig.bridge.state(hx) == "idle"  # the input was an argument: the JIT did not keep it
     assert rig.bridge.pins(ho).as_dict() == {
         "state": "computing", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": 0.0,
+        "holders": {},
     }  # fmt: skip
     rig.bridge.free_device(hx)
     with deferred("VIEW-3", rig.ops):
@@ -303,6 +306,7 @@ def test_weights_captured_by_a_jit_closure_stay_pinned_across_restart(
     assert isinstance(pins.waiting_s, float) and 0.0 <= pins.waiting_s < 60.0
     assert pins.as_dict() | {"waiting_s": None} == {
         "state": "stale_pending", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 1, "waiting_s": None,
+        "holders": {},
     }  # fmt: skip
     assert rig.bridge.poll() == 0
     warned = devbridge_warnings(caplog)

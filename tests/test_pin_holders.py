@@ -1,0 +1,86 @@
+"""`bridge.pins(h, holders=True)`: what still reaches a view's memory, by kind (views, derived
+tensors, gradients, TinyJit captures), on tinygrad's CPU device; and letting it all go."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from rules import deferred
+from tinygrad import Tensor, TinyJit
+
+from devbridge import Bridge, ObjectSpec, TensorViewSpec
+from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.errors import BackendFailureError, InvalidArgumentError
+from devbridge.testing import FakeBackend, FaultyBackend
+
+NONE = {"views": 0, "derived": 0, "grads": 0, "jit": 0}
+
+
+def weights(bridge: Bridge) -> tuple[object, Tensor]:
+    h = bridge.alloc_device(ObjectSpec("w", "float32", role="weights"), 64)
+    bridge.upload(h, np.arange(16, dtype=np.float32))
+    return h, bridge.wrap_for_tinygrad(h, TensorViewSpec((4, 4), "float32"))
+
+
+@pytest.mark.holds("PIN-1", "VIEW-3")
+def test_the_census_names_each_kind_of_holder_as_it_comes_and_goes() -> None:
+    backend = TinygradBackend("CPU")
+    bridge = Bridge(backend)
+    h, w = weights(bridge)
+    assert bridge.pins(h, holders=True).holders == NONE | {"views": 1}
+    assert bridge.pins(h).holders == {}  # only when asked: a census walks every live tensor
+    derived = w.T + 1  # lazy: reads w's memory when realized
+    assert bridge.pins(h, holders=True).holders == NONE | {"views": 1, "derived": 1}
+    del derived
+    w.requires_grad = True
+    x = Tensor.ones(2, 4, device="CPU")
+    loss = (x @ w).sum()
+    loss.backward()  # x.grad reads w; the loss's graph too
+    assert bridge.pins(h, holders=True).holders == NONE | {"views": 1, "derived": 1, "grads": 1}
+
+    @TinyJit
+    def step(a: Tensor, weight: Tensor = w) -> Tensor:
+        return (a @ weight).realize()  # the weights captured, not passed
+
+    for _ in range(3):
+        step(Tensor.ones(2, 4, device="CPU").contiguous().realize())
+    assert bridge.pins(h, holders=True).holders == NONE | {"views": 1, "derived": 1, "grads": 1, "jit": 1}
+
+    with deferred("FREE-1", lambda: backend_frees(bridge)):
+        bridge.free_device(h)
+    del w, loss
+    pins = bridge.pins(h, holders=True)
+    # the view tensor lives on as the step's default argument; x.grad and the capture read it
+    assert (pins.state, pins.views, pins.holders) == ("free_pending", 1, NONE | {"views": 1, "grads": 1, "jit": 1})
+    del x, step
+    gc.collect()
+    assert bridge.poll() == 1 and bridge.state(h) == "freed"
+    assert bridge.pins(h, holders=True).holders == {}  # no view left: nothing to ask about
+
+
+def backend_frees(bridge: Bridge) -> list[str]:
+    return ["free"] * bridge.stats().backend_frees
+
+
+def test_a_backend_that_cannot_tell_leaves_the_census_empty_and_a_failing_one_is_fault_1() -> None:
+    bridge = Bridge(FakeBackend())
+    h = bridge.alloc_device(ObjectSpec("w", "float32"), 64)
+    view = bridge.wrap_for_tinygrad(h, TensorViewSpec((16,), "float32"))
+    assert bridge.pins(h, holders=True).holders == {} and bridge.pins(h).views == 1
+    with pytest.raises(InvalidArgumentError):
+        bridge.pins(h, holders=1)  # type: ignore[arg-type]
+    del view
+
+    class Broken(TinygradBackend):
+        def holders(self, anchor: object) -> dict[str, int]:
+            raise __import__("devbridge.backends.base", fromlist=["BackendError"]).BackendError("census failed")
+
+    broken = Bridge(Broken("CPU"))
+    hb, wb = weights(broken)
+    with pytest.raises(BackendFailureError, match="census failed") as e:
+        broken.pins(hb, holders=True)
+    assert e.value.rule == "FAULT-1" and broken.pins(hb).views == 1
+    del wb
+    assert FaultyBackend(TinygradBackend("CPU")).holders  # the wrapper passes the census on
