@@ -52,6 +52,7 @@ from devbridge.errors import (
     short,
 )
 from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
+from devbridge.memory import MemoryBook, MemoryStats
 from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
 from devbridge.stats import COUNTED, Pins, Stats
@@ -111,6 +112,7 @@ class Bridge:
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
         self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
+        self._memory = MemoryBook()  # device memory held, now and at peak, in all and per role
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
@@ -155,6 +157,7 @@ class Bridge:
                 raise DeviceAllocationError("ALLOC-2", f"allocating {size} B for {spec.name}: {e}") from e
             record = self._core.add(size, spec, memory)
             self._counts["allocs"] += 1
+            self._memory.allocated(spec.role, size)
             seal = self._seal(record.id, record.generation, size, spec)
             handle = DeviceHandle(record.id, record.generation, size, spec, self._owner, seal)
             record.handle = handle
@@ -662,6 +665,21 @@ class Bridge:
                 **counts,
             )
 
+    def memory_stats(self) -> MemoryStats:
+        """Device memory as this bridge holds it: bytes and allocations now, at the peak, and
+        allocated and freed so far, in all and per role (the names of PyTorch's
+        `memory_stats()` where the meaning is the same), with the deferred frees, the releases
+        waiting for uses now and how long the oldest has waited, held copies, failed frees and
+        restarts: a `MemoryStats` (devbridge.memory), field by field. Never raises."""
+        with self._lock:
+            self._drain()
+            return self._memory.stats(self._core.waits(time.monotonic()), self._counts)
+
+    def reset_peak_stats(self) -> None:
+        """Start the peaks of `memory_stats()` again from what is held now."""
+        with self._lock:
+            self._memory.reset_peak()
+
     # ------------------------------------------------------------ internals
 
     def _seal(self, alloc_id: int, generation: int, extent: int, spec: ObjectSpec) -> int:
@@ -897,8 +915,10 @@ class Bridge:
             self._backend.free(record.memory)
         except BackendError as e:
             self._counts["free_failures"] += 1
+            self._memory.released(record.spec.role, record.extent, failed=True)  # never freed again
             return f"releasing allocation #{record.id} (generation {record.generation}) failed: {e}"
         self._counts["backend_frees"] += 1
+        self._memory.released(record.spec.role, record.extent, failed=False)
         return None
 
 

@@ -268,6 +268,10 @@ class LifecycleCore:
         since = self._waiting.get(alloc_id)
         return 0.0 if since is None else now - since
 
+    def waits(self, now: float) -> list[float]:
+        """How long each deferred release waiting now has waited."""
+        return [now - since for since in self._waiting.values()]
+
     def overdue(self, now: float, limit: float) -> tuple[Allocation, float] | None:
         """One deferred release that has waited `limit` seconds or more and was not reported yet
         (PIN-1), now marked reported, with how long it waited; None when there is none."""

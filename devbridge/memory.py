@@ -1,0 +1,116 @@
+"""Device memory as one bridge holds it, in the vocabulary PyTorch users know
+(`torch.cuda.memory_stats`: allocated bytes current, peak, allocated and freed; allocation
+counts the same), in all and per role: `Bridge.memory_stats()` and `reset_peak_stats()`.
+
+Memory is held from the backend's allocation to its backend free: a deferred free
+(`free_pending`) and an old generation's memory waiting for its uses (`stale_pending`) still
+hold it. A backend free that failed is never retried, so its bytes leave the books then too,
+counted as a failed free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from devbridge.stats import _DictAccess
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCounts(_DictAccess):
+    """Bytes and allocations of one role, or of all: now, at the peak, and in all so far."""
+
+    allocated_bytes_current: int  #: bytes the backend holds for the bridge now
+    allocated_bytes_peak: int  #: the most held at once (since the bridge began or `reset_peak_stats`)
+    allocated_bytes_allocated: int  #: bytes allocated so far
+    allocated_bytes_freed: int  #: bytes the backend freed so far (failed frees included)
+    allocation_current: int  #: allocations held now
+    allocation_peak: int  #: the most held at once
+    allocation_allocated: int  #: allocations made so far
+    allocation_freed: int  #: allocations freed on the backend so far (failed frees included)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats(_DictAccess):
+    """`Bridge.memory_stats()`: the totals, each role's, and what frees wait for."""
+
+    all: MemoryCounts  #: every role together
+    by_role: Mapping[str, MemoryCounts] = field(default_factory=dict)  #: each role (ObjectSpec.role)
+    deferred_frees: int = 0  #: free_device calls deferred because the memory was in use (FREE-1)
+    waiting_releases: int = 0  #: releases (deferred frees, old generations) waiting for uses now
+    longest_wait_s: float = 0.0  #: how long the oldest of those has waited
+    held_uses: int = 0  #: copies held back behind earlier uses of their bytes so far (ORDER-1)
+    failed_frees: int = 0  #: backend frees that failed, reported once, never retried (FREE-3)
+    failed_free_bytes: int = 0  #: their bytes: the device may hold them still
+    restarts: int = 0  #: restart calls
+
+
+class _Tally:
+    __slots__ = ("bytes_in", "bytes_now", "bytes_out", "bytes_peak", "count_in", "count_now", "count_out", "count_peak")
+
+    def __init__(self) -> None:
+        self.bytes_now = self.bytes_peak = self.bytes_in = self.bytes_out = 0
+        self.count_now = self.count_peak = self.count_in = self.count_out = 0
+
+    def add(self, nbytes: int) -> None:
+        self.bytes_now += nbytes
+        self.bytes_in += nbytes
+        self.count_now += 1
+        self.count_in += 1
+        self.bytes_peak = max(self.bytes_peak, self.bytes_now)
+        self.count_peak = max(self.count_peak, self.count_now)
+
+    def remove(self, nbytes: int) -> None:
+        self.bytes_now -= nbytes
+        self.bytes_out += nbytes
+        self.count_now -= 1
+        self.count_out += 1
+
+    def reset_peak(self) -> None:
+        self.bytes_peak, self.count_peak = self.bytes_now, self.count_now
+
+    def counts(self) -> MemoryCounts:
+        return MemoryCounts(
+            self.bytes_now, self.bytes_peak, self.bytes_in, self.bytes_out,
+            self.count_now, self.count_peak, self.count_in, self.count_out,
+        )  # fmt: skip
+
+
+class MemoryBook:
+    """The bridge's running account of device memory (called under the bridge's lock)."""
+
+    def __init__(self) -> None:
+        self._all = _Tally()
+        self._roles: dict[str, _Tally] = {}
+        self._failed_bytes = 0
+
+    def allocated(self, role: str, nbytes: int) -> None:
+        """The backend allocated `nbytes` for an object of `role`."""
+        self._all.add(nbytes)
+        self._roles.setdefault(role, _Tally()).add(nbytes)
+
+    def released(self, role: str, nbytes: int, failed: bool) -> None:
+        """The backend freed (or `failed` to free, for good) an allocation of `role`."""
+        self._all.remove(nbytes)
+        self._roles[role].remove(nbytes)
+        self._failed_bytes += nbytes if failed else 0
+
+    def reset_peak(self) -> None:
+        """Peaks start again from what is held now."""
+        self._all.reset_peak()
+        for tally in self._roles.values():
+            tally.reset_peak()
+
+    def stats(self, waits: list[float], counters: Mapping[str, int]) -> MemoryStats:
+        """The account now, with the releases waiting `waits` seconds and the bridge's counters."""
+        return MemoryStats(
+            all=self._all.counts(),
+            by_role={role: tally.counts() for role, tally in sorted(self._roles.items())},
+            deferred_frees=counters["deferred_frees"],
+            waiting_releases=len(waits),
+            longest_wait_s=max(waits, default=0.0),
+            held_uses=counters["held"],
+            failed_frees=counters["free_failures"],
+            failed_free_bytes=self._failed_bytes,
+            restarts=counters["restarts"],
+        )
