@@ -99,9 +99,10 @@ def _settle(future: asyncio.Future[None], event: Event) -> None:
 
 async def wait_any(watcher: Watcher, events: Sequence[Event], timeout: float | None) -> Event:
     """`Bridge.wait_any_async`: the first of `events` found done, in the order given."""
-    futures = [watcher.future(e) for e in events]
+    futures = [watcher.future(e) for e in events] if timeout != 0 else []  # 0 s: look, never wait
     try:
-        await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if futures:
+            await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for f in futures:
             if not f.done():
@@ -114,6 +115,10 @@ async def wait_any(watcher: Watcher, events: Sequence[Event], timeout: float | N
 
 async def wait_all(watcher: Watcher, events: Sequence[Event], timeout: float | None) -> None:
     """`Bridge.wait_all_async`: every one of `events` done; failures stay with their events."""
+    if timeout == 0:  # look, never wait (nor ask a backend that runs what it waits for)
+        if left := sum(not e.done() for e in events):
+            raise WaitTimeoutError("WAIT-1", f"{left} of {len(events)} events not done after 0 s")
+        return
     futures = [watcher.future(e) for e in events]
     try:
         _, pending = await asyncio.wait(futures, timeout=timeout) if futures else (set(), set())

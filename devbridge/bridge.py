@@ -548,6 +548,9 @@ class Bridge:
             for event in pending:
                 if event.done():
                     return event
+            remaining = None if ends is None else ends - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
             # the backend runs what it is waited on: wait as Event.wait would (an open compute
             # block's event is not submitted yet: waiting on it is its block's to declare)
             first = next((e for e in pending if not getattr(e, "open", False)), None) if drive else None
@@ -555,9 +558,6 @@ class Bridge:
                 self._drive(first)
                 if first.done():
                     return first
-            remaining = None if ends is None else ends - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
             with self._progress:
                 if self._completions == seen:
                     self._progress.wait(POLL_S if remaining is None else min(remaining, POLL_S))

@@ -548,7 +548,7 @@ class BridgeMachine(RuleBasedStateMachine):
     inv8_quiescent = checks("inv8_quiescent", "INV-QUIESCENT")
 
     @invariant()
-    def memory_stats_are_what_the_device_holds(self) -> None:
+    def inv9_memory(self) -> None:
         """`memory_stats()` agrees with the fake's own count of live buffers and their bytes
         (a failed free leaves its buffer on the device, and the bridge never frees it again)."""
         stats, fake = self.s.bridge.memory_stats(), self.s.fake

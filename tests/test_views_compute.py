@@ -159,6 +159,7 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     h = bridge.alloc_device(U8, 32)
     assert bridge.pins(h).as_dict() == {
         "state": "allocated", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0,
+        "holders": {},
     }  # fmt: skip
     ev = bridge.compute(h)
     up = bridge.host_to_device(put(ring, b"pinned!!"), DeviceRange(h, 0, 8), sync=False)  # held: ORDER-1
@@ -168,7 +169,7 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     del view
     pins = bridge.pins(h)
     assert {k: v for k, v in pins.as_dict().items() if k != "waiting_s"} == {
-        "state": "copying_computing", "copies_in": 1, "copies_out": 1, "computes": 1, "views": 1,
+        "state": "copying_computing", "copies_in": 1, "copies_out": 1, "computes": 1, "views": 1, "holders": {},
     }  # fmt: skip
     assert pins.waiting_s == 0.0
     bridge.free_device(h)
