@@ -670,9 +670,9 @@ class Bridge:
         allocated and freed so far, in all and per role (the names of PyTorch's
         `memory_stats()` where the meaning is the same), with the deferred frees, the releases
         waiting for uses now and how long the oldest has waited, held copies, failed frees and
-        restarts: a `MemoryStats` (devbridge.memory), field by field. Never raises."""
+        restarts: a `MemoryStats` (devbridge.memory), field by field. Never raises. It applies
+        nothing (unlike `stats()`): the memory it counts is what the backend holds right now."""
         with self._lock:
-            self._drain()
             return self._memory.stats(self._core.waits(time.monotonic()), self._counts)
 
     def reset_peak_stats(self) -> None:

@@ -734,6 +734,12 @@ class Lockstep:
         self.emit(f"assert {{k: getattr(bridge.stats(), k) for k in {sorted(frees)!r}}} == {frees!r}")
         stats = self.bridge.stats()
         agree({k: getattr(stats, k) for k in frees} == frees, "frees", "backend free counts differ")
+        # memory_stats() is what the device holds: the fake's live buffers (a failed free's stay)
+        memory = self.bridge.memory_stats()
+        held = memory.all.allocated_bytes_current + memory.failed_free_bytes
+        agree(held == self.fake.bytes_in_use, "frees", f"memory_stats: {held} B, the fake: {self.fake.bytes_in_use}")
+        count = memory.all.allocation_current + memory.failed_frees
+        agree(count == self.fake.live_allocations, "frees", f"memory_stats holds {count} allocations")
         self.raise_swallowed("INV-FREE-ONCE")
 
     def check_quiescent(self) -> None:
