@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from rules import refused
 
-from devbridge.backends.base import BackendError
+from devbridge.backends.base import OK, BackendError
 from devbridge.backends.fake import GUARD, GUARD_BYTE, POISON_BYTE, Call, FakeBackend, FakeViolation
 
 
@@ -359,6 +359,102 @@ def test_a_device_whose_sync_copy_only_enqueues_is_caught_by_the_late_read_check
     with pytest.raises(FakeViolation) as caught:
         seeded_device_run(reads_sync_late=True)
     assert caught.value.kind == "late-read"
+
+
+def late_device(pending_ahead: int = 0) -> tuple[FakeBackend, list[object], int]:
+    """A `reads_sync_late` fake holding one sync upload of b"late" into a new buffer, reported done
+    but not yet moved, behind `pending_ahead` pending async uploads (a buffer each)."""
+    fake = FakeBackend()
+    fake.reads_sync_late = True
+    ahead = [fake.copy_in(fake.alloc(4, "uint8"), 0, memoryview(b"head"), sync=False) for _ in range(pending_ahead)]
+    target: int = fake.alloc(4, "uint8")  # type: ignore[assignment]
+    done = fake.copy_in(target, 0, memoryview(b"late"), sync=True)
+    assert fake.query(done).done and fake.buffer(target).data.tobytes() == bytes(4)
+    return fake, ahead, target
+
+
+@pytest.mark.parametrize(
+    "next_call",
+    [
+        pytest.param(lambda f: f.free(f.alloc(4, "uint8")), id="free"),
+        pytest.param(lambda f: f.copy_in(f.alloc(4, "uint8"), 0, memoryview(b"next"), sync=False), id="copy_in"),
+        pytest.param(lambda f: f.copy_out(memoryview(bytearray(4)), f.alloc(4, "uint8"), 0, sync=False), id="copy_out"),
+        pytest.param(lambda f: f.compute([f.alloc(4, "uint8")]), id="compute"),
+    ],
+)
+def test_a_late_copy_with_nothing_ahead_moves_at_the_next_call_that_submits_or_ends_work(
+    next_call: Callable[[FakeBackend], object],
+) -> None:
+    fake, _, target = late_device()
+    fake.alloc(4, "uint8")  # an alloc submits no work: the bytes still wait
+    assert fake.buffer(target).data.tobytes() == bytes(4)
+    next_call(fake)
+    assert fake.buffer(target).data.tobytes() == b"late" and fake.violations == []
+
+
+def test_a_late_copy_waits_for_the_events_ahead_of_it_whatever_else_is_called() -> None:
+    fake, (ahead,), target = late_device(1)
+    fake.compute([fake.alloc(4, "uint8")])  # a call that submits work: the queue has not reached it
+    assert fake.buffer(target).data.tobytes() == bytes(4)
+    fake.complete(ahead)
+    assert fake.buffer(target).data.tobytes() == b"late"
+
+
+def test_a_late_copy_moves_when_a_failed_query_abandons_the_work_ahead_of_it() -> None:
+    fake, (ahead,), target = late_device(1)
+    fake.fail_next("query")
+    with pytest.raises(BackendError, match="query of event #0 failed"):
+        fake.query(ahead)
+    assert fake.buffer(target).data.tobytes() == b"late"
+
+
+def test_the_next_buffer_id_is_unknown_not_freed() -> None:
+    fake = FakeBackend()
+    fake.free(fake.alloc(4, "uint8"))  # id 0 freed; id 1 was never made
+    assert violation(fake, lambda: fake.free(1)) == ("unknown-buffer", "free of unknown buffer 1")
+    assert violation(fake, lambda: fake.compute([1])) == ("unknown-buffer", "compute on unknown buffer 1")
+    assert violation(fake, lambda: fake.free(0)) == ("double-free", "buffer #0 freed twice")
+
+
+def in_order_queue() -> tuple[FakeBackend, list[object], list[int]]:
+    """An in-order fake with three pending uploads, each into its own buffer, and a listener's log."""
+    fake = FakeBackend(in_order=True)
+    events = [fake.copy_in(fake.alloc(4, "uint8"), 0, memoryview(b"%4d" % i), sync=False) for i in range(3)]
+    heard: list[int] = []
+    fake.subscribe(lambda ev: heard.append(ev.id))  # type: ignore[attr-defined]
+    return fake, events, heard
+
+
+def test_in_order_a_failed_event_ends_the_events_ahead_of_it_first_and_they_are_heard() -> None:
+    fake, (first, second, third), heard = in_order_queue()
+    fake.fail(second)
+    assert heard == [0, 1] and third.pending  # type: ignore[attr-defined]
+    assert fake.query(first) == OK and fake.query(second).error == "injected failure"
+    assert fake.buffer(0).data.tobytes() == b"   0" and fake.buffer(1).data.tobytes() == bytes(4)
+
+
+def test_in_order_a_synchronizing_wait_runs_the_events_ahead_first_and_they_are_heard() -> None:
+    fake, (first, second, third), heard = in_order_queue()
+    assert fake.wait(second, None) is True
+    assert heard == [0, 1] and not first.pending and third.pending  # type: ignore[attr-defined]
+    assert fake.buffer(0).data.tobytes() == b"   0" and fake.buffer(1).data.tobytes() == b"   1"
+
+
+def test_in_order_a_sync_copy_ends_the_work_ahead_unheard_because_its_caller_holds_its_locks() -> None:
+    fake, (first, second, third), heard = in_order_queue()
+    host = bytearray(b"host")
+    fake.copy_out(memoryview(host), fake.alloc(4, "uint8"), 0, sync=True)  # behind all three on the queue
+    assert host == bytes(4) and heard == [] and not any(e.pending for e in (first, second, third))  # type: ignore[attr-defined]
+
+
+def test_in_order_an_event_ahead_ended_by_a_listener_meanwhile_is_passed_over() -> None:
+    """Completing the last event runs the two ahead; hearing of the first, a listener completes
+    the second (as the Bridge's launch of a held use may): the queue then finds it done."""
+    fake, (first, second, third), heard = in_order_queue()
+    fake.subscribe(lambda ev: fake.complete(second) if ev is first else None)
+    fake.complete(third)
+    assert heard == [0, 1, 2] and fake.violations == []
+    assert [fake.buffer(i).data.tobytes() for i in range(3)] == [b"   0", b"   1", b"   2"]
 
 
 class CompletesOnExit:
