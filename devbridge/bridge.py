@@ -1,4 +1,4 @@
-"""The Bridge: the lifecycle core plus a backend.
+"""The Bridge: the lifecycle core plus a backend, in the calls a worker makes.
 
 Every public call follows one pattern: validate everything (types, ranges,
 the core's `check`, the ring's checks) without changing anything, then make
@@ -6,56 +6,42 @@ the backend call, then record what happened in the core and the ring. So a
 rejected call changes nothing and makes no backend call, and a backend
 failure at submission changes nothing either.
 
-The core decides, the Bridge executes: what to do with a new use (submit,
-hold, wait: the core's `plan`, ORDER-1), when a use ends (exactly once, its
-`settle`), which held uses launch then, and what `poll` and a backend's
-completion callback settle are the core's orchestration, run with `_Execution`
-as its executor: it queries and submits on the backend, applies a use's end
-(host bytes released, output valid, deferred frees to the backend) and
-settles the event. A synchronous copy or compute() that must follow earlier
-uses waits for them without the lock, blocking on the backend.
-
-Nothing a caller hands in is trusted: a handle is resolved to the bridge's
-own record (HANDLE-1), and only the record's extent, spec and memory are
-used. A backend failure anywhere becomes a typed error and never loses an
-event: a failed query, wait or marker settles the event as failed; a failed
-free is reported, never retried (FREE-3), and never stops a restart.
+The core decides, the Bridge executes (devbridge.engine says how). Its parts:
+this module's calls (allocation, copies, compute and views, completions and
+generations); the waits on many events (devbridge.waiting); what it says
+about itself (devbridge.introspection); its state and machinery below the
+calls (devbridge.engine).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import logging
 import secrets
 import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from devbridge import aio, transfer
 from devbridge.args import as_count, as_seconds, flag
-from devbridge.backends.base import OK, Backend, BackendError, Status
+from devbridge.backends.base import Backend, BackendError
+from devbridge.engine import POLL_S, _Execution, log
 from devbridge.errors import (
     BackendFailureError,
-    BridgeError,
     DeviceAllocationError,
     DeviceFreeError,
     InvalidArgumentError,
-    InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
     RangeError,
-    WaitTimeoutError,
     short,
 )
-from devbridge.events import ComputeEvent, CopyEvent, Event, Link, deadline, wait_done
-from devbridge.memory import MemoryBook, MemoryStats
+from devbridge.events import ComputeEvent, CopyEvent, Link
+from devbridge.introspection import Introspection
+from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange, HostRing
-from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
-from devbridge.stats import COUNTED, Pins, Stats
+from devbridge.statemachine.core import LifecycleCore
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -63,18 +49,18 @@ from devbridge.types import (
     ObjectSpec,
     TensorViewSpec,
 )
+from devbridge.waiting import Waiting
 
 if TYPE_CHECKING:
     import numpy as np
     from tinygrad.tensor import Tensor
 
+__all__ = ["POLL_S", "Bridge", "log"]
+
 _owners = itertools.count(1)
-#: How often wait_any queries again when no completion wakes it (for tokens a backend cannot report).
-POLL_S = 0.002
-log = logging.getLogger("devbridge")
 
 
-class Bridge:
+class Bridge(Waiting, Introspection):
     """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
     between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
     Backend. Every call resolves its handles to the bridge's own records and asks the
@@ -291,79 +277,6 @@ class Bridge:
         A call refused before its copy (a bad argument, handle or range) reserves nothing."""
         return transfer.download(self, self._staging, handle, dtype, shape, offset, ring)
 
-    def _copy(
-        self,
-        kind: str,
-        host: HostRange,
-        device: DeviceRange,
-        src: HostRange | DeviceRange,
-        dst: HostRange | DeviceRange,
-        sync: bool,
-        keep_host: bool,
-    ) -> CopyEvent:
-        """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): submitted
-        now, held back behind the earlier uses it must follow (async, ORDER-1), or submitted once
-        they ended (sync)."""
-        into_device = kind == "copy_in"
-        while True:
-            with self._lock:
-                self._drain()
-                key, record = self._check_copy(host, device, "H2D-1" if into_device else "D2H-1")
-                if into_device:
-                    host.ring.check_source(host)
-                else:
-                    host.ring.check_dest(host)
-                span = (device.offset, device.offset + device.nbytes)
-                # (nothing in flight on the allocation: nothing to follow, the per-call path)
-                plan = self._core.plan(kind, [key], span, sync) if record.accesses else SUBMIT
-                if plan.blocker is None:
-                    before = plan.before
-                    token = None  # held back behind `before` (ORDER-1)
-                    if not before:
-                        raw = host.ring.raw(host)
-                        try:  # (`_submit`, inlined: this is the per-call path)
-                            if into_device:
-                                token = self._backend.copy_in(record.memory, device.offset, raw, sync=sync)
-                            else:
-                                token = self._backend.copy_out(raw, record.memory, device.offset, sync=sync)
-                        except BackendError as e:
-                            self._counts["copy_failures"] += 1
-                            if not into_device:  # a failed output range is never readable
-                                host.ring.begin_write(host)
-                                host.ring.end_write(host, valid=False)
-                            call = "host_to_device" if into_device else "device_to_host"
-                            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
-                    counts = self._counts
-                    if into_device:
-                        counts["copies_in"] += 1
-                        counts["bytes_in"] += host.nbytes
-                    else:
-                        counts["copies_out"] += 1
-                        counts["bytes_out"] += host.nbytes
-                    # a synchronous copy here follows nothing: submitted, and done on return
-                    if (status := OK if sync else self._first_status(token)) is OK:
-                        # done already: one composite step, nothing in flight (H2D-2, D2H-2)
-                        use_id = self._core.instant(kind, key)
-                        if into_device:
-                            host.ring.read_done(host, not keep_host)
-                        else:
-                            host.ring.write_done(host)
-                        return self._done(CopyEvent(self._link, use_id, token, src, dst))
-                    use = self._core.begin(kind, [key], host=host, keep_host=keep_host, span=span, before=before)
-                    if into_device:
-                        host.ring.begin_read(host)
-                    else:
-                        host.ring.begin_write(host)
-                    return self._submitted(use, CopyEvent(self._link, use.id, token, src, dst), status)
-                blocker = plan.blocker.event
-            self._wait_for(blocker)
-
-    def _submit(self, kind: str, memory: object, offset: int, host: HostRange, sync: bool) -> object:
-        """Hand a copy to the backend; its token."""
-        if kind == "copy_in":
-            return self._backend.copy_in(memory, offset, host.ring.raw(host), sync=sync)
-        return self._backend.copy_out(host.ring.raw(host), memory, offset, sync=sync)
-
     # ------------------------------------------------------------ compute and views
 
     def compute(self, *handles: DeviceHandle) -> ComputeEvent:
@@ -502,460 +415,3 @@ class Bridge:
                 raise BackendFailureError("FAULT-1", "; ".join(failures))
             if failures:
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
-
-    def wait_all(self, events: Iterable[Event], timeout: float | None = None) -> None:
-        """Block until every one of `events` is done; failures stay with their events
-        (`event.error`).
-
-        Args:
-            events: an iterable of this bridge's events.
-            timeout: seconds >= 0, or None to wait as long as it takes.
-
-        Raises:
-            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
-            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
-        ends = deadline(timeout)
-        for event in self._own_events(events, "wait_all"):
-            wait_done(event, ends, timeout)
-
-    def wait_any(self, events: Iterable[Event], timeout: float | None = None) -> Event:
-        """The first of `events` found done (in the order given), blocking until one is. It
-        sleeps on a condition that every completion the backend reports wakes; tokens a backend
-        cannot report (a device marker) are queried again at most every POLL_S seconds.
-
-        Args:
-            events: an iterable of this bridge's events, at least one.
-            timeout: seconds >= 0, or None to wait as long as it takes.
-
-        Returns:
-            The first done event.
-
-        On a backend whose `wait` runs the work it waits for (`waits_run_work`: the fake, by
-        default), it waits on the first event not done, as `Event.wait` does: the rule that
-        `Event.wait`, `wait_all` and `wait_any` share.
-
-        Raises:
-            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
-            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
-        ends = deadline(timeout)
-        pending = self._own_events(events, "wait_any")
-        if not pending:
-            raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
-        drive = self._watcher.drives
-        while True:
-            with self._progress:
-                seen = self._completions
-            for event in pending:
-                if event.done():
-                    return event
-            remaining = None if ends is None else ends - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
-            # the backend runs what it is waited on: wait as Event.wait would (an open compute
-            # block's event is not submitted yet: waiting on it is its block's to declare)
-            first = next((e for e in pending if not getattr(e, "open", False)), None) if drive else None
-            if first is not None:
-                self._drive(first)
-                if first.done():
-                    return first
-            with self._progress:
-                if self._completions == seen:
-                    self._progress.wait(POLL_S if remaining is None else min(remaining, POLL_S))
-
-    async def wait_any_async(self, events: Iterable[Event], timeout: float | None = None) -> Event:
-        """`wait_any` for asyncio: the first of `events` found done, in the order given. The
-        loop is never blocked: the bridge's one watcher thread settles awaited events.
-
-        Raises:
-            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
-            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
-        deadline(timeout)
-        pending = self._own_events(events, "wait_any_async")
-        if not pending:
-            raise InvalidArgumentError("ARG-1", "wait_any_async needs at least one event")
-        return await aio.wait_any(self._watcher, pending, None if timeout is None else float(timeout))
-
-    async def wait_all_async(self, events: Iterable[Event], timeout: float | None = None) -> None:
-        """`wait_all` for asyncio: every one of `events` done; failures stay with their events.
-
-        Raises:
-            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
-            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
-        deadline(timeout)
-        pending = self._own_events(events, "wait_all_async")
-        await aio.wait_all(self._watcher, pending, None if timeout is None else float(timeout))
-
-    def _drive(self, event: Event) -> None:
-        """Wait on `event` as Event.wait does, not longer than it takes: for a backend whose wait
-        runs the work it waits for (`waits_run_work`)."""
-        self._wait_backend(event, 0)
-
-    # ------------------------------------------------------------ introspection
-
-    def pins(self, handle: DeviceHandle, *, holders: bool = False) -> Pins:
-        """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
-        (input and output copies, compute events, live views: a view counts while any tinygrad
-        object can reach its memory), and how long a deferred release has waited.
-
-        Args:
-            handle: a handle this bridge issued (freed or of an old generation included).
-            holders: also say what still reaches the views' memory, by kind: tensors that are
-                the views themselves, tensors derived from them, gradients, TinyJit captures
-                (a census of tinygrad's live objects: for diagnosis, not a hot path). Only a
-                backend that can tell fills it (tinygrad's); otherwise it stays empty.
-
-        Returns:
-            A `Pins` (devbridge.stats), field by field.
-
-        Raises:
-            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue.
-            InvalidArgumentError: ARG-1, for holders other than a bool.
-            BackendFailureError: FAULT-1, when the backend cannot make the census."""
-        census = flag("holders", holders) and callable(getattr(self._backend, "holders", None))
-        with self._lock:
-            self._drain()
-            key, _ = self._resolve(handle)
-            uses = self._core.dependents(key[0])
-            kinds = Counter(use.kind for use in uses)
-            anchors = [a for u in uses if u.kind == "view" and (a := self._anchors.get(u.id)) is not None]
-            pins = Pins(
-                state=self._core.state(*key),
-                copies_in=kinds["copy_in"],
-                copies_out=kinds["copy_out"],
-                computes=kinds["compute"],
-                views=kinds["view"],
-                waiting_s=self._core.waited(key[0], time.monotonic()),
-            )
-        if not census:
-            return pins
-        total: Counter[str] = Counter()
-        for anchor in anchors:  # without the lock: a census walks every live tensor
-            try:
-                total.update(self._backend.holders(anchor))  # type: ignore[attr-defined]
-            except BackendError as e:
-                raise BackendFailureError("FAULT-1", f"{short(handle)}: {e}") from e
-        return dataclasses.replace(pins, holders=dict(total))
-
-    def state(self, handle: DeviceHandle) -> str:
-        """The allocation's lifecycle state, a state name of the spec.
-
-        Args:
-            handle: a handle this bridge issued (freed or of an old generation included).
-
-        Raises:
-            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue."""
-        with self._lock:
-            self._drain()
-            key, _ = self._resolve(handle)
-            return self._core.state(*key)
-
-    def stats(self) -> Stats:
-        """The bridge's counters and what is live now: a `Stats` (devbridge.stats), field by
-        field. Never raises."""
-        with self._lock:
-            self._drain()
-            live = list(self._core.allocations())
-            counts = {name: self._counts[name] for name in COUNTED}
-            return Stats(
-                generation=self._core.generation,
-                live_allocations=len(live),
-                live_bytes=sum(r.extent for r in live),
-                pending_events=sum(1 for use in self._core.inflight() if use.event is not None),
-                inflight_uses=sum(1 for _ in self._core.inflight()),
-                **counts,
-            )
-
-    def memory_stats(self) -> MemoryStats:
-        """Device memory as this bridge holds it: bytes and allocations now, at the peak, and
-        allocated and freed so far, in all and per role (the names of PyTorch's
-        `memory_stats()` where the meaning is the same), with the deferred frees, the releases
-        waiting for uses now and how long the oldest has waited, held copies, failed frees and
-        restarts: a `MemoryStats` (devbridge.memory), field by field. Never raises. It applies
-        nothing (unlike `stats()`): the memory it counts is what the backend holds right now."""
-        with self._lock:
-            return self._memory.stats(self._core.waits(time.monotonic()), self._counts)
-
-    def reset_peak_stats(self) -> None:
-        """Start the peaks of `memory_stats()` again from what is held now."""
-        with self._lock:
-            self._memory.reset_peak()
-
-    # ------------------------------------------------------------ internals
-
-    def _seal(self, alloc_id: int, generation: int, extent: int, spec: ObjectSpec) -> int:
-        return hash((self._secret, alloc_id, generation, extent, spec))
-
-    def _resolve(self, handle: object) -> tuple[tuple[int, int], Allocation | None]:
-        """The core's key and live record (None once dead) of a handle this bridge issued,
-        unaltered (HANDLE-1). Callers use the record, never the handle's own fields."""
-        if type(handle) is DeviceHandle and type(handle.id) is int:
-            record = self._core.allocation(handle.id)
-            if record is not None and record.handle is handle:  # the issued object itself
-                return (record.id, record.generation), record
-            if self._genuine(handle):
-                return (handle.id, handle.generation), record
-        raise InvalidHandleError("HANDLE-1", f"{short(handle)} is not a handle this bridge issued")
-
-    def _genuine(self, h: DeviceHandle) -> bool:
-        """An exact copy of a handle this bridge issued: same-typed fields under this bridge's seal."""
-        if not (type(h.generation) is int and type(h.extent) is int and type(h.spec) is ObjectSpec):
-            return False
-        if not (type(h.owner) is int and type(h.seal) is int and h.owner == self._owner):
-            return False
-        try:
-            return h.seal == self._seal(h.id, h.generation, h.extent, h.spec)
-        except Exception:  # a spec altered past its own validation (unhashable fields)
-            return False
-
-    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> tuple[tuple[int, int], Allocation]:
-        if not isinstance(host, HostRange) or not isinstance(device, DeviceRange):
-            raise RangeError(
-                "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
-            )
-        key, record = self._fitting(device)
-        if host.nbytes != device.nbytes:
-            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
-        return key, self._copyable(key, record)
-
-    def check_device_range(self, device: DeviceRange) -> None:
-        """Whether a copy of `device` would pass the device side of a copy's checks now: a
-        range of a live allocation of this bridge, within its extent. Changes nothing.
-
-        Raises:
-            RangeError: RANGE-1, for what is not a DeviceRange that fits its allocation.
-            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
-            StaleHandleError: GEN-2, for a handle of an older generation."""
-        if not isinstance(device, DeviceRange):
-            raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
-        with self._lock:
-            self._copyable(*self._fitting(device))
-
-    def _fitting(self, device: DeviceRange) -> tuple[tuple[int, int], Allocation | None]:
-        """The key and record of `device`'s allocation, the range within its extent (RANGE-1)."""
-        key, record = self._resolve(device.handle)
-        extent = record.extent if record is not None else device.handle.extent  # sealed when dead
-        offset, nbytes = device.offset, device.nbytes
-        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= extent - offset):
-            raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
-        return key, record
-
-    def _copyable(self, key: tuple[int, int], record: Allocation | None) -> Allocation:
-        """The record, once the core says a copy may begin on it (GEN-2, USE-1)."""
-        self._core.check([key], "copy_begin")
-        if record is None:  # the check refuses a dead allocation; should it not, still no crash
-            raise self._core.dead(*key, "copy_begin")
-        return record
-
-    def _first_status(self, token: object) -> Status | None:
-        """An asynchronous copy's status on submission: the backend's answer to one query (done
-        already: it takes the synchronous copy's fused step); None for one held back (no token)."""
-        if token is None:
-            return None
-        status = self._query(token)
-        return OK if status.done and status.error is None else status
-
-    def _submitted(self, use: InFlight, event: CopyEvent, status: Status | None) -> CopyEvent:
-        """An asynchronous copy in flight, tracked until done (`status`: its first query; a
-        failed one settles it at once)."""
-        self._track(use, event)
-        if status is None:  # held back: launched when its predecessors end
-            self._counts["held"] += 1
-        elif status.done:
-            self._finish(event, status)
-        return event
-
-    @staticmethod
-    def _done(event: CopyEvent) -> CopyEvent:
-        Link.settle(event, None)
-        return event
-
-    def _track(self, use: InFlight, event: Event) -> None:
-        """The core keeps the use's event (and its token, once submitted) until the use ends."""
-        use.event = event
-        if event.backend_token is not None:
-            self._core.submitted(use, event.backend_token)
-
-    def _live(self, event: Event) -> bool:
-        """Whether the event's use has not ended."""
-        return self._core.use(event.use_id) is not None
-
-    def _wait_for(self, event: Event) -> None:
-        """Block, without the lock, until `event` (a use a call must follow) is done."""
-        with self._lock:
-            self._counts["waits"] += 1
-        self._wait_backend(event, None)
-        self._refresh(event)
-
-    def _entered(self, event: ComputeEvent) -> None:
-        """A `with compute(...)` block began: the compute cannot end before the block does."""
-        with self._lock:
-            if (use := self._core.use(event.use_id)) is not None:
-                use.open = True
-
-    def _closed(self, event: ComputeEvent) -> None:
-        """A `with compute(...)` block exited: the marker must cover the work it queued."""
-        with self._lock:
-            if (use := self._core.use(event.use_id)) is not None:
-                use.open = False
-                try:
-                    self._backend.extend(event.backend_token)
-                except BackendError as e:
-                    self._finish(event, Status(True, f"marking the end of the compute failed: {e}"))
-            self._refresh(event)
-
-    def _refresh(self, event: Event) -> None:
-        """Settle `event` if the backend is done with it (a held one: first what it follows)."""
-        with self._lock:
-            if (use := self._core.use(event.use_id)) is not None:
-                self._core.refresh(use, self._run)
-
-    def _query(self, token: object) -> Status:
-        """The backend's status of an event's token; a failed query settles it as failed (the
-        protocol: a backend raises only for work it will not touch again)."""
-        try:
-            return self._backend.query(token)
-        except BackendError as e:
-            return Status(True, f"querying the backend failed: {e}")
-
-    def _wait_backend(self, event: Event, timeout: float | None) -> None:
-        """Block on the backend for `event`, or for a held event the oldest use it follows."""
-        with self._lock:
-            if (use := self._core.use(event.use_id)) is None:
-                return
-            if event.backend_token is None:
-                event = self._core.blocker([use]).event
-        try:
-            self._backend.wait(event.backend_token, timeout)  # without the lock: may block
-        except BackendError as e:
-            with self._lock:
-                if self._live(event):
-                    self._finish(event, Status(True, f"waiting on the backend failed: {e}"))
-
-    def _own_events(self, events: object, call: str) -> list[Event]:
-        """`events` as a list of this bridge's events (ARG-1 otherwise)."""
-        if isinstance(events, str | bytes | Event) or not isinstance(events, Iterable):
-            raise InvalidArgumentError("ARG-1", f"{call} needs an iterable of events, got {short(events)}")
-        found: list[Event] = []
-        try:
-            for event in events:
-                if not self._link.owns(event):
-                    raise InvalidArgumentError("ARG-1", f"{call}: {short(event)} is not an event of this bridge")
-                found.append(event)
-        except InvalidArgumentError:
-            raise
-        except Exception as e:  # an iterable that fails as it is read
-            raise InvalidArgumentError("ARG-1", f"{call}: reading {short(events)} failed: {short(e)}") from e
-        return found
-
-    def _notify_progress(self) -> None:
-        with self._progress:
-            self._completions += 1
-            self._progress.notify_all()
-
-    def _on_complete(self, token: object) -> None:
-        """The backend reports a finished token, on any thread. Never blocks: a device thread
-        must not wait for a caller that may be waiting for that thread (a synchronous copy
-        ordered after queued ones). When the lock is busy, the next call applies it; done(),
-        wait() and poll() also query the backend themselves, so nothing waits on this."""
-        if self._lock.acquire(blocking=False):
-            try:
-                self._core.reported(token, self._run)
-            finally:
-                self._lock.release()
-        else:
-            self._core.reported(token, None)  # the lock's holder, or the next call, applies it
-        self._notify_progress()  # a waiter in wait_any looks again (it queries the backend itself)
-
-    def _finish(self, event: Event, status: Status) -> None:
-        """End the event's use with `status` (the core's `settle`: once, whatever calls it)."""
-        if (use := self._core.use(event.use_id)) is not None:
-            self._core.settle(use, status, self._run)
-
-    def _apply(self, effects: Effects) -> None:
-        use = effects.use
-        if use.kind == "copy_in":
-            use.host.ring.end_read(use.host, release=effects.host_ok)
-        elif use.kind == "copy_out":
-            use.host.ring.end_write(use.host, valid=effects.host_ok)
-        for record in effects.release:
-            if failure := self._release(record):
-                self._release_failures.append(failure)
-
-    def _error(self, effects: Effects, status: Status) -> BridgeError | None:
-        """The event's failure, as the spec's `failures` name it (rule and error type)."""
-        kind = effects.use.kind
-        if effects.error_rule is None:
-            return None
-        if effects.aborted:
-            self._counts["aborted"] += 1
-            return self._core.failure("aborted", f"{kind} #{effects.use.id} was aborted by restart")
-        self._counts["compute_failures" if kind == "compute" else "copy_failures"] += 1
-        return self._core.failure(kind, f"{kind} #{effects.use.id} failed: {status.error}")
-
-    def _drain(self) -> int:
-        """Apply what arrived while no call ran (the core's `drain`); how many uses ended."""
-        return self._core.drain(self._run)
-
-    def _warn_long_waits(self) -> None:
-        """Log, once each, deferred releases waiting longer than `pending_warning_s` (PIN-1):
-        a JIT or a model that captured a view is found in minutes, not by a memory leak. One at
-        a time: a log handler may call back and release one."""
-        while (overdue := self._core.overdue(time.monotonic(), self.pending_warning_s)) is not None:
-            record, waited = overdue
-            kinds = Counter(use.kind for use in self._core.dependents(record.id))
-            log.warning(
-                "allocation #%d (%s, role %s) is %s after %.0f s; still in use by %s",
-                record.id, record.spec.name, record.spec.role, record.state, waited,
-                ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing",
-            )  # fmt: skip
-
-    def _release(self, record: Allocation) -> str | None:
-        """The one backend free of an allocation (FREE-2); a failure is returned, never retried."""
-        try:
-            self._backend.free(record.memory)
-        except BackendError as e:
-            self._counts["free_failures"] += 1
-            self._memory.released(record.spec.role, record.extent, failed=True)  # never freed again
-            return f"releasing allocation #{record.id} (generation {record.generation}) failed: {e}"
-        self._counts["backend_frees"] += 1
-        self._memory.released(record.spec.role, record.extent, failed=False)
-        return None
-
-
-class _Execution:
-    """The core's executor for one Bridge: the backend calls and the Bridge's own effects that
-    the core's orchestration (settle, launch, poll, drain) asks for."""
-
-    __slots__ = ("bridge",)
-
-    def __init__(self, bridge: Bridge) -> None:
-        self.bridge = bridge
-
-    def query(self, use: InFlight) -> Status:
-        return self.bridge._query(use.token)
-
-    def launch(self, use: InFlight) -> Status | None:
-        bridge = self.bridge
-        record = bridge._core.allocation(use.allocations[0])
-        assert record is not None and use.span is not None, "a held use keeps its allocation's record"
-        try:
-            token = bridge._submit(use.kind, record.memory, use.span[0], use.host, False)
-        except BackendError as e:
-            return Status(True, f"submitting it once its predecessors ended failed: {e}")
-        use.event.backend_token = token
-        bridge._core.submitted(use, token)
-        return None
-
-    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
-        """Apply the use's end, then settle its event whatever happens here (a view has none)."""
-        bridge = self.bridge
-        error = effects if isinstance(effects, BridgeError) else None
-        try:
-            if error is None:
-                assert isinstance(effects, Effects)
-                bridge._apply(effects)
-                error = bridge._error(effects, status)
-        finally:
-            if use.event is not None:
-                Link.settle(use.event, error)
-            bridge._notify_progress()

@@ -18,6 +18,7 @@ from rules import deferred, refused
 from support import put
 
 import devbridge.bridge as bridge_module
+import devbridge.waiting as waiting_module
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, StaleHandleError, TensorViewSpec
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import DEFAULT_CAPACITY, Call, FakeBackend
@@ -324,7 +325,7 @@ def test_waits_return_the_completion_another_thread_makes(
 def assert_woken(bridge: Bridge, event: Any, end: Callable[[], None]) -> None:
     """wait_any returns `event`, which `end` (on another thread, 50 ms later) ends: woken by it,
     not by its 5 s deadline (with POLL_S at 10 s, a waiter nobody wakes sleeps until then)."""
-    with mock.patch.object(bridge_module, "POLL_S", 10.0):
+    with mock.patch.object(waiting_module, "POLL_S", 10.0):
         threading.Timer(0.05, end).start()
         start = time.monotonic()
         assert bridge.wait_any([event], timeout=5) is event

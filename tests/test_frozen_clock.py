@@ -9,9 +9,8 @@ import logging
 import pytest
 from support import U8, put
 
-from devbridge import Bridge, DeviceRange, HostRing, WaitTimeoutError
+from devbridge import Bridge, DeviceRange, HostRing, WaitTimeoutError, engine, events, introspection, waiting
 from devbridge import bridge as bridge_module
-from devbridge import events as events_module
 from devbridge.backends.fake import FakeBackend
 
 
@@ -31,8 +30,8 @@ class FrozenClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
     frozen = FrozenClock()
-    monkeypatch.setattr(bridge_module, "time", frozen)
-    monkeypatch.setattr(events_module, "time", frozen)
+    for module in (bridge_module, engine, events, introspection, waiting):  # each that reads the clock
+        monkeypatch.setattr(module, "time", frozen)
     return frozen
 
 

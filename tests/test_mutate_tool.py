@@ -126,7 +126,7 @@ def test_listing_what_is_left_leaves_the_log_of_a_stopped_run_alone(
 def test_the_core_files_give_hundreds_of_mutants_all_still_python(mutate: ModuleType) -> None:
     root = SCRIPT.parent.parent
     counts = {f: len(mutate.mutants_of(f, (root / f).read_text())) for f in mutate.FILES}
-    assert all(n >= 15 for n in counts.values()) and sum(counts.values()) >= 1000, counts
+    assert all(n >= 5 for n in counts.values()) and sum(counts.values()) >= 1000, counts
 
 
 def test_every_listed_equivalent_is_a_mutant_of_today_on_the_line_its_reason_was_written_for(

@@ -1,0 +1,167 @@
+"""The core's records and decisions as values: an allocation, a use in flight, what to do
+with a new use (`Plan`), what a use's end asks of the Bridge (`Effects`), what the core asks of
+whoever runs the uses (`Executor`), and what it reads from its spec (`Lookups`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Protocol
+
+from devbridge.backends.base import Status
+from devbridge.errors import ERRORS, BridgeError
+from devbridge.spec import Lifecycle
+from devbridge.spec import load as load_spec
+from devbridge.statemachine.machine import Step, Table, default_table
+
+#: Kinds of use in flight, and the spec event that begins and ends each.
+USE_EVENTS: Mapping[str, tuple[str, str]] = {
+    "copy_in": ("copy_begin", "copy_end"),
+    "copy_out": ("copy_begin", "copy_end"),
+    "compute": ("compute_begin", "compute_end"),
+    "view": ("compute_begin", "compute_end"),
+}
+
+
+class InvariantViolation(AssertionError):
+    """A spec invariant (`INV-*`) failed inside the core: a bug in the bridge, never a caller's
+    mistake. `invariant` names it."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"[{invariant}] {detail}")
+        self.invariant = invariant
+
+
+@dataclass(slots=True, eq=False)
+class Allocation:
+    """The core's record of one device allocation (dropped once terminal)."""
+
+    id: int
+    generation: int
+    extent: int
+    spec: Any
+    memory: object  # the backend's buffer; opaque here
+    state: str
+    handle: object = None  # the handle the Bridge issued for it; opaque here
+    copies: int = 0
+    computes: int = 0
+    accesses: list[InFlight] | None = None  # uses in flight that read or write its bytes (made on first use)
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A use the backend has not finished: a copy, a compute, or a live view."""
+
+    id: int
+    kind: str
+    allocations: tuple[int, ...]
+    host: Any  # the HostRange a copy reads or writes; None for compute and views
+    generation: int
+    keep_host: bool = False  # an input copy whose host bytes the worker releases itself
+    span: tuple[int, int] | None = None  # the device bytes [start, stop) a copy touches; None: all
+    after: set[int] | None = None  # earlier uses in flight it follows: held while any (None: none, ever)
+    followers: list[InFlight] | None = None  # later uses that follow it (None: none; the hot path)
+    event: Any = None  # the Bridge's event for it (None: a view); opaque here
+    token: Any = None  # the backend's token once submitted (None while held back); opaque here
+    open: bool = False  # a compute whose `with` block is open: it cannot end before the block does
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with a new use (ORDER-1): submit it now (nothing `before` it: SUBMIT); hold it
+    behind `before` (an asynchronous copy: submitted when the last of them ends); or, with a
+    `blocker`, wait for that use first, the oldest of their chain (it follows nothing, so it is
+    on the device), then plan again."""
+
+    before: list[InFlight] = field(default_factory=list)
+    blocker: InFlight | None = None
+
+
+SUBMIT = Plan()
+#: How a held use a restart made stale ends, never submitted.
+ABORTED = Status(True, "aborted by a restart before it was submitted")
+
+
+class Executor(Protocol):
+    """What the core's orchestration asks of whoever runs the uses (the Bridge over a backend,
+    the sans-I/O checker over a model device)."""
+
+    def query(self, use: InFlight) -> Status:
+        """The submitted use's status now (a failed query: done, with an error). Never blocks."""
+
+    def launch(self, use: InFlight) -> Status | None:
+        """Submit a held use whose predecessors all ended, and record its token (`submitted`);
+        None, or the failure status when the backend refused it."""
+
+    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
+        """Carry out the use's end (`effects`; or the bookkeeping error that stopped them) and
+        settle its event with `status`."""
+
+
+#: `LifecycleCore.snapshot()`: (generation, next allocation id, next use id, records, uses).
+CoreState = tuple[int, int, int, tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What the Bridge must do after a use ends.
+
+    `host_ok` says whether the host range's side effect happened: for an input
+    copy the bridge releases the bytes (unless the worker keeps them), for an
+    output copy they are valid.
+    `error_rule` is set when the use failed (COPY-F, COMPUTE-F) or was
+    `aborted` by a restart (GEN-1): the spec's `failures`.
+    `ready` are held uses that followed only this one, in issue order: the
+    Bridge submits them now (ORDER-1).
+    """
+
+    release: tuple[Allocation, ...]
+    use: InFlight
+    host_ok: bool
+    error_rule: str | None
+    ready: tuple[InFlight, ...] = ()
+    aborted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Composite:
+    """A use that begins and ends at once: its two compiled steps and where they lead."""
+
+    begin: str
+    first: Step
+    middle: str
+    end: str
+    then: Step
+    dest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """What a core reads from its spec on every call, derived once per spec (not per core)."""
+
+    table: Table
+    errors: Mapping[str, type[BridgeError]]  # rule -> the error it raises
+    deltas: Mapping[str, tuple[str | None, int]]  # event -> (counter, delta)
+    #: (earlier kind, later kind) -> the hazard that orders them (RAW, WAR, WAW) or None
+    hazards: Mapping[tuple[str, str], str | None]
+    accesses: frozenset[str]  # the kinds of use that some hazard orders
+    #: a failed use's kind, or "aborted" -> the rule its event reports and the error it raises
+    failures: Mapping[str, tuple[str, type[BridgeError]]]
+
+    @classmethod
+    def of(cls, spec: Lifecycle, table: Table) -> Lookups:
+        hazards = {(a, b): spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
+        return cls(
+            table,
+            {r.id: ERRORS[r.error or "BridgeError"] for r in spec.rules.values()},
+            {e.name: (e.counter, e.delta) for e in spec.events.values()},
+            hazards,
+            frozenset(k for k in USE_EVENTS if any(hazards[(k, b)] for b in USE_EVENTS)),
+            {f.when: (f.rule, ERRORS[f.error]) for f in spec.failures.values()},
+        )
+
+
+@cache
+def packaged_lookups() -> Lookups:
+    return Lookups.of(load_spec(), default_table())
