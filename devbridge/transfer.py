@@ -13,8 +13,9 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from devbridge.args import flag
+from devbridge.buffers import array_layout, byte_view
 from devbridge.errors import RangeError, RingFullError, short
-from devbridge.ring import HostRange, HostRing, array_layout, byte_view
+from devbridge.ring import HostRange, HostRing
 from devbridge.types import DeviceHandle, DeviceRange
 
 if TYPE_CHECKING:

@@ -63,6 +63,7 @@ FILES = (
     "devbridge/waiting.py",
     "devbridge/introspection.py",
     "devbridge/ring.py",
+    "devbridge/buffers.py",
     "devbridge/events.py",
     "devbridge/testing/fake.py",
     "backends/tinygrad.py",
