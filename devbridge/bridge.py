@@ -16,12 +16,13 @@ calls (devbridge.engine).
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import threading
 import time
 import weakref
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from devbridge import aio, transfer
 from devbridge.args import as_count, as_seconds, flag
@@ -42,6 +43,7 @@ from devbridge.introspection import Introspection
 from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import LifecycleCore
+from devbridge.trace import BridgeTrace, Trace, traceable
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -68,20 +70,33 @@ class Bridge(Waiting, Introspection):
     no backend call. A free, or a restart's release, waits for the uses of the memory.
     Thread-safe: calls are serialised; completions may arrive on any thread."""
 
-    def __init__(self, backend: Backend, *, pending_warning_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        pending_warning_s: float = 60.0,
+        trace: str | os.PathLike[str] | IO[str] | Trace | None = None,
+    ) -> None:
         """A bridge over `backend` (any object with the Backend protocol's methods).
 
         Args:
             backend: the device's backend, opened (`TinygradBackend("CL")`, `FakeBackend()`...).
             pending_warning_s: seconds after which a free or restart still waiting for uses to
                 end is logged once (logger `devbridge`, WARNING) with what pins it (PIN-1).
+            trace: where to write a timeline of every allocation's life (devbridge.trace): a
+                path, a text file, or a `Trace` several bridges share; None (the default): none.
+                A trace the bridge opened is ended by `close_trace()` (or when the bridge is
+                collected).
 
         Raises:
-            InvalidArgumentError: ARG-1, for anything but a Backend or seconds >= 0.
+            InvalidArgumentError: ARG-1, for anything but a Backend, seconds >= 0, or a trace
+                target that is not a path, a text file or a Trace.
             BackendFailureError: FAULT-1, when the backend refuses to start (nothing is kept)."""
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
+        if not (trace is None or isinstance(trace, Trace) or traceable(trace)):
+            raise InvalidArgumentError("ARG-1", f"trace needs a path, a text file or a Trace, got {short(trace)}")
         self._backend = backend
         self._core = LifecycleCore()
         self._owner = next(_owners)
@@ -99,11 +114,36 @@ class Bridge(Waiting, Introspection):
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
         self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
         self._memory = MemoryBook()  # device memory held, now and at peak, in all and per role
+        self._trace: BridgeTrace | None = None
+        self._own_trace = None if trace is None or isinstance(trace, Trace) else Trace(trace)  # ARG-1: no backend call
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)
         except BackendError as e:
+            if self._own_trace is not None:
+                self._own_trace.close()
             raise BackendFailureError("FAULT-1", f"backend {short(backend)} refused a new bridge: {e}") from e
+        if trace is not None:
+            shared = self._own_trace or trace
+            assert isinstance(shared, Trace)
+            label = f"bridge #{self._owner} ({getattr(backend, 'name', short(backend))})"
+            self._trace = self._core.tracer = shared.bridge(self._owner, label, self._core.table.terminal)
+            self._memory.observer = self._trace.memory
+            if self._own_trace is not None:
+                weakref.finalize(self, self._own_trace.close)
+
+    def close_trace(self) -> None:
+        """End the trace this bridge opened (`trace=` a path or a file): what is still open
+        (live allocations' states, uses in flight) ends now, then the file's JSON array. A
+        shared `Trace` is its owner's to close. Tracing stops; idempotent. Never raises."""
+        with self._lock:
+            tracks, owned = self._trace, self._own_trace
+            self._trace = self._core.tracer = self._memory.observer = None
+            self._own_trace = None
+        if tracks is not None and owned is None:
+            tracks.end_all()
+        if owned is not None:
+            owned.close()
 
     # ------------------------------------------------------------ allocation
 
@@ -140,6 +180,8 @@ class Bridge(Waiting, Introspection):
                 memory = self._backend.alloc(size, spec.dtype)
             except BackendError as e:
                 self._counts["alloc_failures"] += 1
+                if self._trace is not None:
+                    self._trace.fault(f"alloc of {size} B for {spec.name}")
                 raise DeviceAllocationError("ALLOC-2", f"allocating {size} B for {spec.name}: {e}") from e
             record = self._core.add(size, spec, memory)
             self._counts["allocs"] += 1

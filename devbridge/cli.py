@@ -103,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--restart-every", type=at_least(1), default=0, help="restart the worker every K delivered objects"
     )
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--trace", default=None, metavar="FILE", help="write a timeline (Chrome Trace JSON: Perfetto, chrome://tracing)"
+    )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     fleet = commands.add_parser(
@@ -355,7 +358,9 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
             bar.update(done - bar.n)
 
         try:
-            summary = run_demo(args.objects, backend, None, args.faults, args.restart_every, args.seed, progress)
+            summary = run_demo(
+                args.objects, backend, None, args.faults, args.restart_every, args.seed, progress, args.trace
+            )
         except WorkerStalled as e:
             print(f"devbridge demo: {e}", file=sys.stderr)
             return 1
@@ -435,7 +440,9 @@ def run_devices_command(args: argparse.Namespace) -> int:
         def progress(done: int) -> None:
             bar.update(done - bar.n)
 
-        s = run_devices(args.objects, devices, args.backend, args.faults, args.restart_every, args.seed, progress)
+        s = run_devices(
+            args.objects, devices, args.backend, args.faults, args.restart_every, args.seed, progress, trace=args.trace
+        )
     if args.json:
         print(json.dumps({**asdict(s), "clean": s.clean}))
     else:

@@ -37,6 +37,7 @@ from devbridge.events import ComputeEvent, CopyEvent, Event, Link
 from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange
 from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
+from devbridge.trace import BridgeTrace
 from devbridge.types import (
     DeviceHandle,
     DeviceRange,
@@ -71,6 +72,7 @@ class Engine:
     _staging: transfer.Staging  # host bytes of uploads and downloads given no ring
     _anchors: weakref.WeakValueDictionary[int, object]  # view use -> anchor
     _memory: MemoryBook  # device memory held, now and at peak, in all and per role
+    _trace: BridgeTrace | None  # this bridge's tracks of a timeline, when tracing
 
     def _copy(
         self,
@@ -125,6 +127,8 @@ class Engine:
                     if (status := OK if sync else self._first_status(token)) is OK:
                         # done already: one composite step, nothing in flight (H2D-2, D2H-2)
                         use_id = self._core.instant(kind, key)
+                        if self._trace is not None:
+                            self._trace.instant(kind, record, host.nbytes)
                         if into_device:
                             host.ring.read_done(host, not keep_host)
                         else:
@@ -363,6 +367,8 @@ class Engine:
         except BackendError as e:
             self._counts["free_failures"] += 1
             self._memory.released(record.spec.role, record.extent, failed=True)  # never freed again
+            if self._trace is not None:
+                self._trace.fault(f"free of allocation #{record.id}")
             return f"releasing allocation #{record.id} (generation {record.generation}) failed: {e}"
         self._counts["backend_frees"] += 1
         self._memory.released(record.spec.role, record.extent, failed=False)

@@ -10,7 +10,7 @@ counted as a failed free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from devbridge.stats import _DictAccess
@@ -83,17 +83,23 @@ class MemoryBook:
         self._all = _Tally()
         self._roles: dict[str, _Tally] = {}
         self._failed_bytes = 0
+        #: Told the bytes held after each change (a timeline's counter: devbridge.trace).
+        self.observer: Callable[[int], None] | None = None
 
     def allocated(self, role: str, nbytes: int) -> None:
         """The backend allocated `nbytes` for an object of `role`."""
         self._all.add(nbytes)
         self._roles.setdefault(role, _Tally()).add(nbytes)
+        if self.observer is not None:
+            self.observer(self._all.bytes_now)
 
     def released(self, role: str, nbytes: int, failed: bool) -> None:
         """The backend freed (or `failed` to free, for good) an allocation of `role`."""
         self._all.remove(nbytes)
         self._roles[role].remove(nbytes)
         self._failed_bytes += nbytes if failed else 0
+        if self.observer is not None:
+            self.observer(self._all.bytes_now)
 
     def reset_peak(self) -> None:
         """Peaks start again from what is held now."""

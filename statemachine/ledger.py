@@ -28,6 +28,7 @@ from devbridge.statemachine.records import (
     InFlight,
     InvariantViolation,
     Lookups,
+    Tracer,
     packaged_lookups,
 )
 
@@ -69,6 +70,8 @@ class Ledger:
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
         self.observer: Callable[[str, str, Step], None] | None = None
+        #: Told of every state change, use and restart as it happens (a timeline: devbridge.trace).
+        self.tracer: Tracer | None = None
         #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
         self.edge_observer: Callable[[str, str, str], None] | None = None
 
@@ -185,6 +188,8 @@ class Ledger:
         record = Allocation(self._next_allocation, self.generation, extent, spec, memory, self._spec.initial)
         self._allocations[record.id] = record
         self._next_allocation += 1
+        if self.tracer is not None:
+            self.tracer.state(record, "alloc", record.state)
         return record
 
     def begin(
@@ -224,12 +229,16 @@ class Ledger:
                 record.accesses.append(use)
         self._inflight[use.id] = use
         self._next_use += 1
+        if self.tracer is not None:
+            self.tracer.began(use)
         return use
 
     def submitted(self, use: InFlight, token: object) -> None:
         """The backend took `use` and gave `token` for it."""
         use.token = token
         self._by_token[id(token)] = use
+        if self.tracer is not None:
+            self.tracer.submitted(use)
 
     def instant(self, kind: str, key: tuple[int, int]) -> int:
         """A use the backend finished before it was recorded (a synchronous copy that follows
@@ -244,6 +253,9 @@ class Ledger:
             self.observer(record.state, step.begin, step.first)
             self.observer(step.middle, step.end, step.then)
         record.state = step.dest
+        if self.tracer is not None:
+            self.tracer.state(record, step.begin, step.middle)  # both of the composite's steps
+            self.tracer.state(record, step.end, step.dest)
         self._next_use += 1
         return self._next_use - 1
 
@@ -275,6 +287,8 @@ class Ledger:
             raise LifecycleError("EVENT-1", f"use #{use_id} is not in flight")
         if use.token is not None:
             del self._by_token[id(use.token)]
+        if self.tracer is not None:
+            self.tracer.ended(use, ok)
         event = USE_EVENTS[use.kind][1]
         if use.kind in self._accesses:
             for alloc_id in use.allocations:
@@ -306,6 +320,8 @@ class Ledger:
         for their uses to end, counted from `now` (PIN-1)."""
         old = list(self._allocations.values())
         self.generation += 1
+        if self.tracer is not None:
+            self.tracer.restarted(self.generation)
         release = [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
         for record in self._allocations.values():  # all of an older generation: none is new yet
             self._waiting.setdefault(record.id, now)
@@ -381,6 +397,8 @@ class Ledger:
             record.computes += delta
         assert step.dest is not None
         record.state = step.dest
+        if self.tracer is not None:
+            self.tracer.state(record, event, record.state)
         if not self._spec.states[step.dest].admits(record.copies, record.computes):
             raise InvariantViolation(
                 "INV-COUNTS",

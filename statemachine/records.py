@@ -99,6 +99,28 @@ class Executor(Protocol):
         settle its event with `status`."""
 
 
+class Tracer(Protocol):
+    """What the core reports as it goes, to whoever draws a timeline (devbridge.trace)."""
+
+    def state(self, record: Allocation, event: str, state: str) -> None:
+        """The allocation is in `state` after `event` (a terminal state is its last)."""
+
+    def began(self, use: InFlight) -> None:
+        """A use in flight begins (held when its `after` is not empty)."""
+
+    def submitted(self, use: InFlight) -> None:
+        """The backend took the use (a held one: launched now)."""
+
+    def ended(self, use: InFlight, ok: bool) -> None:
+        """The use ended, successfully or not."""
+
+    def instant(self, kind: str, record: Allocation, nbytes: int) -> None:
+        """A copy of `nbytes` began and ended in one step (the backend finished it on submission)."""
+
+    def restarted(self, generation: int) -> None:
+        """A new generation began."""
+
+
 #: `LifecycleCore.snapshot()`: (generation, next allocation id, next use id, records, uses).
 CoreState = tuple[int, int, int, tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 

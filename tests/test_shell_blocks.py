@@ -35,6 +35,7 @@ RUN = {
     "scripts/mutate --list": 120,
     "python bench/queue_latency.py --device CL --busy 1.0 --rounds 6": 300,
     "devbridge demo --device CPU:0,CPU:1": 300,
+    "devbridge demo --objects 300 --faults 0.05 --restart-every 50 --trace /tmp/t.json": 300,
 }
 
 #: Not run in CI, each for its reason: the line -> (the help that must name its flags, why).

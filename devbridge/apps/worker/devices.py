@@ -13,6 +13,7 @@ from devbridge.apps.worker.pipeline import Worker, WorkerStalled
 from devbridge.args import refuse
 from devbridge.backends.base import Backend
 from devbridge.errors import short
+from devbridge.trace import Trace
 
 #: How long one device's idle pass may block while other devices wait for their turn.
 DEVICE_IDLE_S = 0.002
@@ -50,6 +51,7 @@ def run_devices(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     make: Callable[[str], Backend] | None = None,
+    trace: str | None = None,
 ) -> DevicesSummary:
     """One Bridge per device in one process: object k goes to device k % len(devices), each
     device a worker with its own rings, restarts and injected faults, so one that restarts or
@@ -58,15 +60,35 @@ def run_devices(
     producer fills its ring from a thread of its own, and copies run on each device's copy
     thread. A device that gives up for good (WorkerStalled) leaves its undelivered objects to
     the first device that did not: they are redone there once the others finish. Deliveries
-    are tallied per object across devices."""
+    are tallied per object across devices. With `trace` (a path), every bridge writes its
+    tracks into that one timeline (devbridge.trace)."""
     check_demo(objects, faults, restart_every)
     if not devices or len(set(devices)) != len(devices) or any(type(d) is not str for d in devices):
         refuse(f"devices must be distinct names, got {short(devices)}")
     make = make or (lambda device: make_backend(backend, None if backend == "fake" else device))
+    timeline = None if trace is None else Trace(trace)
+    try:
+        return _run_devices(objects, devices, faults, restart_every, seed, progress, make, timeline)
+    finally:
+        if timeline is not None:
+            timeline.close()
+
+
+def _run_devices(
+    objects: int,
+    devices: Sequence[str],
+    faults: float,
+    restart_every: int,
+    seed: int,
+    progress: Callable[[int], None] | None,
+    make: Callable[[str], Backend],
+    timeline: Trace | None,
+) -> DevicesSummary:
     n = len(devices)
     shares = [range(d, objects, n) for d in range(n)]
     workers = [
-        device_worker(make(dev), shares[d], faults, restart_every, seed, seed + d) for d, dev in enumerate(devices)
+        device_worker(make(dev), shares[d], faults, restart_every, seed, seed + d, timeline)
+        for d, dev in enumerate(devices)
     ]
     done = [0] * n
     stalled: dict[int, str] = {}
@@ -111,7 +133,7 @@ def run_devices(
     leftovers = [k for d in sorted(stalled) for k in shares[d] if k not in tally]
     healthy = [d for d in range(n) if d not in stalled]
     if leftovers and healthy:
-        again = device_worker(make(devices[healthy[0]]), leftovers, faults, restart_every, seed, seed + n)
+        again = device_worker(make(devices[healthy[0]]), leftovers, faults, restart_every, seed, seed + n, timeline)
         began, why = time.perf_counter(), ""
         try:
             again.run()

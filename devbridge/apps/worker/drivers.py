@@ -10,6 +10,7 @@ from devbridge.apps.worker.pipeline import Summary, Worker
 from devbridge.args import count, probability
 from devbridge.backends.base import Backend
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
+from devbridge.trace import Trace
 
 #: What `--faults` fails at random: allocations, copies, frees and event queries.
 RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
@@ -36,26 +37,40 @@ def run_demo(
     restart_every: int = 0,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    trace: str | None = None,
 ) -> Summary:
     """The reference worker over `objects` synthetic objects on `backend` (a name for
-    make_backend, or an opened Backend). Raises WorkerStalled if the backend fails for good."""
+    make_backend, or an opened Backend), its timeline written to `trace` (a path) if given.
+    Raises WorkerStalled if the backend fails for good."""
     check_demo(objects, faults, restart_every)
-    inner = make_backend(backend, device) if isinstance(backend, str) else backend
-    worker = device_worker(inner, range(objects), faults, restart_every, seed, seed)
-    start = time.perf_counter()
-    worker.run(progress)
-    return worker.summary(time.perf_counter() - start, backend_name(inner))
+    timeline = None if trace is None else Trace(trace)
+    try:
+        inner = make_backend(backend, device) if isinstance(backend, str) else backend
+        worker = device_worker(inner, range(objects), faults, restart_every, seed, seed, timeline)
+        start = time.perf_counter()
+        worker.run(progress)
+        return worker.summary(time.perf_counter() - start, backend_name(inner))
+    finally:
+        if timeline is not None:
+            timeline.close()
 
 
 def device_worker(
-    inner: Backend, ks: Sequence[int], faults: float, restart_every: int, seed: int, fault_seed: int
+    inner: Backend,
+    ks: Sequence[int],
+    faults: float,
+    restart_every: int,
+    seed: int,
+    fault_seed: int,
+    trace: Trace | None = None,
 ) -> Worker:
-    """A worker for objects `ks` on one device: its fake's pump, its injected faults."""
+    """A worker for objects `ks` on one device: its fake's pump, its injected faults, its tracks
+    in `trace`."""
     pump = fake_pump(inner, fault_seed) if isinstance(inner, FakeBackend) else None
     if not faults:
-        return Worker(inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks)
+        return Worker(inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks, trace=trace)
     faulty = FaultyBackend(inner, rate=faults, seed=fault_seed, random_ops=RANDOM_FAULTS)
     return Worker(
         faulty, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks,
-        injected=lambda: sum(faulty.injected.values()),
+        injected=lambda: sum(faulty.injected.values()), trace=trace,
     )  # fmt: skip

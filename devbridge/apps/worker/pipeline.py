@@ -45,6 +45,7 @@ from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
 from devbridge.events import Event
 from devbridge.ring import HostRange, HostRing
+from devbridge.trace import Trace
 from devbridge.types import DeviceRange, ObjectSpec, TensorViewSpec
 
 IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
@@ -93,16 +94,18 @@ class Worker:
         pump: Callable[[], None] | None = None,
         ks: Sequence[int] | None = None,
         injected: Callable[[], int] = lambda: 0,
+        trace: Trace | None = None,
     ) -> None:
         """`objects` synthetic objects, numbered 0.. (or those of `ks`: a device's share).
-        `injected` counts the faults injected so far (the summary reports it)."""
+        `injected` counts the faults injected so far (the summary reports it); `trace`: the
+        timeline its bridge writes its tracks into (devbridge.trace), if any."""
         ks = range(objects) if ks is None else ks
         self.backend, self.objects, self.seed, self.shapes = backend, len(ks), seed, shapes
         self.window, self.restart_every = window, restart_every
         self.pump = pump or (lambda: None)
         self.pumped = pump is not None  # a fake backend's pump completes events: never block for them
         self.injected = injected
-        self.bridge = Bridge(backend)
+        self.bridge = Bridge(backend, trace=trace)
         self.in_bytes = shapes.rows * shapes.d_in * 4
         self.out_bytes = shapes.rows * shapes.d_out * 4
         self.inputs = HostRing(ring_objects * self.in_bytes)

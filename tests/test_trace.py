@@ -1,0 +1,183 @@
+"""The timeline trace (devbridge.trace): valid Chrome Trace JSON whose allocation tracks follow
+the spec's transitions, from the demo with faults and restarts on every device, and a checker
+that names each defect a broken trace can have."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import COMPUTE_DEVICES
+from support import U8
+
+from devbridge import Bridge, DeviceRange, HostRing, InvalidArgumentError
+from devbridge.backends.fake import FakeBackend
+from devbridge.cli import main
+from devbridge.spec import load
+from devbridge.trace import MEMORY, Trace, check_trace
+
+TRANSITIONS = {(t.source, t.dest) for t in load().transitions}
+
+
+def demo_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[list[dict[str, Any]], Any]:
+    path = tmp_path / "t.json"
+    argv = ["demo", "--objects", "150", "--faults", "0.05", "--restart-every", "30", "--json", "--no-progress"]
+    assert main([*argv, *args, "--trace", str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return json.loads(path.read_text()), summary
+
+
+@pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES)
+def test_a_demo_with_faults_and_restarts_writes_a_trace_whose_every_span_follows_the_spec(
+    backend: str, device: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--backend", backend] + ([] if device is None else ["--device", device])
+    events, summary = demo_trace(tmp_path, capsys, *where)
+    assert summary["clean"] and check_trace(events, TRANSITIONS) == []
+    names = Counter(e["name"] for e in events if e["ph"] == "i")
+    assert sum(n for name, n in names.items() if name.startswith("restart: generation")) == summary["restarts"] > 0
+    assert sum(n for name, n in names.items() if name.startswith("failed:")) > 0
+    states = {e["name"] for e in events if e["ph"] == "B" and e["tid"] >= 1000}
+    assert {"allocated", "idle", "copying", "computing"} <= states
+    assert {"freed", "stale"} & set(names)  # allocations end, each with its terminal state
+    memory = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == MEMORY]
+    assert memory and min(memory) >= 0 and max(memory) > 0
+    kinds = Counter(e["cat"] for e in events if e["ph"] == "b")
+    assert kinds["copy_in"] > 0 and kinds["copy_out"] > 0 and kinds["compute"] > 0
+
+
+def test_a_multi_device_demo_traces_each_bridge_as_its_own_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events, summary = demo_trace(tmp_path, capsys, "--backend", "tinygrad", "--device", "CPU:0,CPU:1")
+    assert summary["clean"] and check_trace(events, TRANSITIONS) == []
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert len(processes) >= 2 and all(name.startswith("bridge #") for name in processes.values())
+
+
+def test_a_held_copy_shows_what_it_follows_and_an_arrow_to_its_launch() -> None:
+    fake, out = FakeBackend(), io.StringIO()
+    bridge, ring = Bridge(fake, trace=out), HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    up = ring.reserve(8)
+    ring.write(up, b"abcdefgh")
+    first = bridge.host_to_device(up, DeviceRange(h, 0, 8), sync=False)
+    bridge.device_to_host(DeviceRange(h, 0, 8), ring.reserve(8), sync=False)  # held behind the upload
+    assert out.getvalue().startswith("[\n") and '"follows":[0]' in out.getvalue()  # written as it happens
+    fake.complete(first)
+    fake.complete_all()
+    bridge.close_trace()
+    events = json.loads(out.getvalue())
+    assert check_trace(events, TRANSITIONS) == []
+    flow = [(e["ph"], e["id"]) for e in events if e["ph"] in "sf"]
+    assert flow == [("s", "0>1"), ("f", "0>1")]
+    held = [e for e in events if e["ph"] in "ben" and e.get("id") == 1]
+    assert [e["ph"] for e in held] == ["b", "n", "e"] and held[0]["args"]["follows"] == [0]
+    assert [e["args"] for e in events if e["ph"] == "b" and e["id"] == 0] == [
+        {"allocations": [0], "range": [0, 8], "bytes": 8}
+    ]
+
+
+def test_a_copy_done_on_submission_draws_both_steps_of_the_spec() -> None:
+    out = io.StringIO()
+    bridge, ring = Bridge(FakeBackend(), trace=out), HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    src = ring.reserve(8)
+    bridge.host_to_device(src, DeviceRange(h, 0, 8))
+    bridge.free_device(h)
+    bridge.close_trace()
+    events = json.loads(out.getvalue())
+    track = [(e["ph"], e["name"]) for e in events if e["tid"] == 1000 and e["ph"] != "M"]
+    assert track == [
+        ("B", "allocated"), ("E", "allocated"), ("B", "copying"), ("E", "copying"), ("B", "idle"),
+        ("E", "idle"), ("i", "freed"),
+    ]  # fmt: skip
+    assert [e["args"] for e in events if e["name"] == "copy_in (done on submission)"] == [
+        {"allocations": [0], "bytes": 8}
+    ]
+
+
+def test_a_long_run_keeps_nothing_but_what_is_live() -> None:
+    out = io.StringIO()
+    bridge = Bridge(FakeBackend(), trace=out)
+    for _ in range(500):
+        bridge.free_device(bridge.alloc_device(U8, 8))
+    tracks = bridge._trace
+    assert tracks is not None and tracks._states == {} and tracks._open == {} and tracks._held == {}
+    bridge.close_trace()
+    assert bridge._trace is None and check_trace(json.loads(out.getvalue()), TRANSITIONS) == []
+    bridge.close_trace()  # idempotent
+
+
+def test_a_shared_trace_is_closed_by_its_owner_and_each_bridge_ends_its_own_spans() -> None:
+    out = io.StringIO()
+    shared = Trace(out)
+    one, two = Bridge(FakeBackend(), trace=shared), Bridge(FakeBackend(), trace=shared)
+    one.alloc_device(U8, 8)
+    two.alloc_device(U8, 8)
+    one.close_trace()
+    assert not shared.closed
+    two.alloc_device(U8, 8)
+    shared.close()
+    events = json.loads(out.getvalue())
+    assert check_trace(events, TRANSITIONS) == []
+    assert len({e["pid"] for e in events if e["ph"] == "B"}) == 2
+
+
+@pytest.mark.parametrize("target", [42, b"t.json", object(), ["t.json"]])
+def test_a_trace_target_that_is_not_a_path_or_a_file_is_refused_before_any_backend_call(target: object) -> None:
+    fake = FakeBackend()
+    with pytest.raises(InvalidArgumentError) as raised:
+        Bridge(fake, trace=target)  # type: ignore[arg-type]
+    assert raised.value.rule == "ARG-1" and fake.calls == [] and fake.counts == Counter()
+
+
+def test_a_trace_path_that_cannot_be_created_is_refused_before_any_backend_call(tmp_path: Path) -> None:
+    fake = FakeBackend()
+    with pytest.raises(InvalidArgumentError) as raised:
+        Bridge(fake, trace=tmp_path / "missing" / "t.json")
+    assert raised.value.rule == "ARG-1" and fake.calls == [] and not (tmp_path / "missing").exists()
+
+
+def valid_trace() -> list[dict[str, Any]]:
+    out = io.StringIO()
+    bridge, ring = Bridge(FakeBackend(), trace=out), HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    bridge.host_to_device(ring.reserve(8), DeviceRange(h, 0, 8), sync=False)
+    bridge.close_trace()
+    events: list[dict[str, Any]] = json.loads(out.getvalue())
+    assert check_trace(events, TRANSITIONS) == []
+    return events
+
+
+def seeded(kind: str) -> list[dict[str, Any]]:
+    events = valid_trace()
+    if kind == "illegal order":  # allocated -> idle: the spec goes through a copy
+        return [{**e, "name": "idle"} if e["ph"] in "BE" and e["name"] == "copying" else e for e in events]
+    if kind == "unclosed span":
+        return [e for e in events if not (e["ph"] == "E" and e["name"] == "copying")]
+    if kind == "unclosed use":
+        return [e for e in events if e["ph"] != "e"]
+    if kind == "negative counter":
+        return [{**e, "args": {"bytes": -8}} if e["ph"] == "C" else e for e in events]
+    assert kind == "unknown phase"
+    return [*events, {"ph": "X", "ts": 0, "pid": 1, "tid": 1, "name": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("illegal order", "goes allocated -> idle, no transition of the spec"),
+        ("unclosed span", "['copying'] never end"),
+        ("unclosed use", "never ends"),
+        ("negative counter", "below zero"),
+        ("unknown phase", "not a trace event this writer makes"),
+    ],
+)
+def test_the_trace_check_names_each_seeded_defect(kind: str, says: str) -> None:
+    problems = check_trace(seeded(kind), TRANSITIONS)
+    assert problems and all(says in p for p in problems), problems
