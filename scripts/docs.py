@@ -104,6 +104,23 @@ def edges(table: Table) -> list[tuple[str, str, str]]:
     return [(s, d, "<br/>".join(ls)) for (s, d), ls in labels.items()]
 
 
+def folded(table: Table, lc: Lifecycle) -> str:
+    """The lifecycle at a glance: one node per state, one edge per pair of distinct states with
+    its events (no guards, no self-loops; `/ release` where the memory is released)."""
+    events: dict[tuple[str, str], list[str]] = {}
+    for (state, event), steps in table.steps.items():
+        for step in steps:
+            if step.dest is None or step.dest == state:
+                continue
+            names = events.setdefault((state, step.dest), [])
+            if (name := event + (" / release" if step.release else "")) not in names:
+                names.append(name)
+    lines = ["stateDiagram-v2", f"    [*] --> {lc.initial}"]
+    lines += [f"    {s} --> {d} : {', '.join(names)}" for (s, d), names in events.items()]
+    lines += [f"    {s} --> [*]" for s in lc.states if s in table.terminal]
+    return "\n".join(lines)
+
+
 def mermaid(table: Table, lc: Lifecycle) -> str:
     lines = ["stateDiagram-v2", f"    [*] --> {lc.initial}"]
     lines += [f"    {s} --> {d} : {label}" for s, d, label in edges(table)]
@@ -143,6 +160,15 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         "bridge raises names one (`[FREE-2] ...`) and links to its section here.",
         "",
         "## Lifecycle",
+        "",
+        "At a glance: each state, and the events that lead from one to another.",
+        "",
+        "```mermaid",
+        folded(table, lc),
+        "```",
+        "",
+        "In full: every step of the compiled table, with its guards and the steps that stay in a",
+        "state (the counters change).",
         "",
         "```mermaid",
         mermaid(table, lc),

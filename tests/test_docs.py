@@ -62,13 +62,28 @@ def test_every_clause_and_rule_appears_with_its_proving_tests() -> None:
         assert re.search(r"- Breach refused or deferred in: `tests/test_\w+\.py::\w+`", block), rid
 
 
-def test_the_diagram_has_every_spec_transition() -> None:
+def diagrams() -> list[str]:
     doc = (source_root() / CONTRACT_PATH).read_text()
-    diagram = doc.split("```mermaid\n", 1)[1].split("```", 1)[0]
-    assert diagram.startswith("stateDiagram-v2\n    [*] --> allocated\n")
+    return [block.split("```", 1)[0] for block in doc.split("```mermaid\n")[1:]]
+
+
+def test_the_full_diagram_has_every_spec_transition() -> None:
+    _, full = diagrams()
+    assert full.startswith("stateDiagram-v2\n    [*] --> allocated\n")
     for t in load().transitions:
-        edge = re.search(rf"^    {t.source} --> {t.dest} : (.*)$", diagram, re.M)
+        edge = re.search(rf"^    {t.source} --> {t.dest} : (.*)$", full, re.M)
         assert edge is not None and t.event in edge.group(1), t
+
+
+def test_the_folded_diagram_has_one_edge_per_pair_of_states_with_its_events() -> None:
+    folded, _ = diagrams()
+    assert folded.startswith("stateDiagram-v2\n    [*] --> allocated\n")
+    edges = dict(re.findall(r"^    (\w+ --> \w+) : (.*)$", folded, re.M))
+    moves = [t for t in load().transitions if t.source != t.dest]
+    assert set(edges) == {f"{t.source} --> {t.dest}" for t in moves}  # no self-loop, no pair twice
+    for t in moves:
+        assert t.event in re.split(r", | / release", edges[f"{t.source} --> {t.dest}"]), t
+    assert "[" not in "".join(edges.values())  # no guards
 
 
 def test_errors_name_their_rule_and_its_anchor() -> None:
