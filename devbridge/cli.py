@@ -108,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
+    trace = commands.add_parser("trace", help="read a trace that --trace wrote: summary, check, picture")
+    trace.add_argument("file", help="the trace (Chrome Trace Event JSON)")
+    trace.add_argument("--check", action="store_true", help="exit 1 naming each way it breaks the spec")
+    trace.add_argument("--png", default=None, metavar="OUT", help="draw the timeline into this PNG (matplotlib)")
     fleet = commands.add_parser(
         "fleet", help="N Ray actors, each a worker with its own bridge and device (pip install 'devbridge[ray]')"
     )
@@ -149,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "trace":
+        from devbridge.apps.timeline import command
+
+        return command(args.file, check=args.check, png=args.png)
     if args.command == "fleet":
         return run_fleet_command(args)
     if args.command == "demo" and args.device is not None and "," in args.device:

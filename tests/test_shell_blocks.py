@@ -56,6 +56,10 @@ CHECKED = {
     "bash scripts/gpu_check.sh NV CUDA": ("bash -n scripts/gpu_check.sh", "needs a GPU"),
     "bash scripts/gpu_check.sh CL": ("bash -n scripts/gpu_check.sh", "minutes of suites on OpenCL"),
     "pip install -e '.[ray]'": ("pip install --help", "installs from the network"),
+    "devbridge trace /tmp/t.json --check --png /tmp/t.png": (
+        "devbridge trace --help",
+        "reads what the demo line above writes: tests/test_timeline.py runs it on a demo's trace",
+    ),
     "devbridge fleet --workers 2 --kill-every 200": ("devbridge fleet --help", "Ray actors: test_fleet runs them"),
 }
 
