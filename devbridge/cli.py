@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     example.add_argument("--floats", type=at_least(1), default=1024, help="float32 values per object")
     example.add_argument("--seed", type=int, default=0)
     example.add_argument("--json", action="store_true", help="print the report as JSON")
+    example.add_argument("--trace", default=None, metavar="FILE", help="as demo's")
     example.add_argument(
         "--jit", action="store_true", help="the TinyJit pattern: views as arguments, and a captured view reported"
     )
@@ -170,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_jit_command(args, backend)
     from devbridge.apps.example import run_example
 
-    report = run_example(args.objects, args.floats, args.seed, backend)
+    report = run_example(args.objects, args.floats, args.seed, backend, trace=args.trace)
     text = (
         f"objects {report.objects}  verified {report.verified}  lost {report.lost}\n"
         f"bytes in {report.bytes_in}  bytes out {report.bytes_out}  deferred frees {report.deferred_frees}\n"

@@ -181,3 +181,12 @@ def seeded(kind: str) -> list[dict[str, Any]]:
 def test_the_trace_check_names_each_seeded_defect(kind: str, says: str) -> None:
     problems = check_trace(seeded(kind), TRANSITIONS)
     assert problems and all(says in p for p in problems), problems
+
+
+def test_the_example_writes_a_trace_of_its_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.json"
+    assert main(["example", "--objects", "4", "--trace", str(path)]) == 0
+    events = json.loads(path.read_text())
+    assert check_trace(events, TRANSITIONS) == []
+    freed = [e for e in events if e["ph"] == "i" and e["name"] == "freed"]
+    assert len(freed) == 8  # x and y of each of the 4 round trips, each to its end

@@ -48,14 +48,26 @@ def settle(backend: Backend, event: Event) -> None:
 
 
 def run_example(
-    objects: int = 16, floats: int = 1024, seed: int = 0, backend: str | Backend = "fake", device: str | None = None
+    objects: int = 16,
+    floats: int = 1024,
+    seed: int = 0,
+    backend: str | Backend = "fake",
+    device: str | None = None,
+    trace: str | None = None,
 ) -> ExampleReport:
     """`objects` round trips of `floats` float32 values each on `backend` (a name for
-    make_backend, or an opened Backend)."""
+    make_backend, or an opened Backend); its timeline written to `trace` (a path), if given."""
     for name, value in (("objects", objects), ("floats", floats)):
         count(name, value, least=1)
     dev = make_backend(backend, device) if isinstance(backend, str) else backend
-    bridge = Bridge(dev)
+    bridge = Bridge(dev, trace=trace)
+    try:
+        return _round_trips(bridge, dev, objects, floats, seed)
+    finally:
+        bridge.close_trace()
+
+
+def _round_trips(bridge: Bridge, dev: Backend, objects: int, floats: int, seed: int) -> ExampleReport:
     nbytes = floats * 4
     inputs, outputs = HostRing(4 * nbytes), HostRing(4 * nbytes)
     view = TensorViewSpec((floats,), "float32")
