@@ -8,7 +8,9 @@ current `devbridge`, and times both in one process on tinygrad's CPU device:
   included, as in bench/copy_bandwidth.py) against tinygrad's raw
   `allocator._copyin`, per size;
 * async: `host_to_device(sync=False)` into an allocation with nothing else in
-  flight, then `.wait()`, old against new (64 B).
+  flight, then `.wait()`, old against new (64 B);
+* traced: the new bridge with a trace on (`Bridge(trace=...)`, to a file) against
+  the same bridge with it off, sync and async (64 B): what tracing costs per call.
 
 Rounds interleave the variants (the order rotates each round); each variant's
 figure is the median over rounds of µs per call, and `paired` is the median of
@@ -132,9 +134,11 @@ def interleaved(variants: dict[str, Callable[[], None]], rounds: int, block_s: f
     return times
 
 
-def sync_copy(v: Version, nbytes: int) -> Callable[[], None]:
+def sync_copy(v: Version, nbytes: int, trace: Any = None) -> Callable[[], None]:
     """One synchronous host->device copy through `v`'s bridge, as bench/copy_bandwidth.py does."""
-    bridge, ring = v.bridge(v.backend(DEVICE)), v.ring(max(4 * nbytes, 1 << 16))
+    backend = v.backend(DEVICE)
+    bridge = v.bridge(backend) if trace is None else v.bridge(backend, trace=trace)
+    ring = v.ring(max(4 * nbytes, 1 << 16))
     target = v.device_range(bridge.alloc_device(v.object_spec("bench", "uint8"), nbytes), 0, nbytes)
 
     def copy() -> None:
@@ -143,9 +147,11 @@ def sync_copy(v: Version, nbytes: int) -> Callable[[], None]:
     return copy
 
 
-def async_copy(v: Version, nbytes: int) -> Callable[[], None]:
+def async_copy(v: Version, nbytes: int, trace: Any = None) -> Callable[[], None]:
     """An asynchronous host->device copy with nothing else in flight, then its wait."""
-    bridge, ring = v.bridge(v.backend(DEVICE)), v.ring(max(4 * nbytes, 1 << 16))
+    backend = v.backend(DEVICE)
+    bridge = v.bridge(backend) if trace is None else v.bridge(backend, trace=trace)
+    ring = v.ring(max(4 * nbytes, 1 << 16))
     target = v.device_range(bridge.alloc_device(v.object_spec("bench", "uint8"), nbytes), 0, nbytes)
 
     def copy() -> None:
@@ -224,6 +230,14 @@ def main() -> None:
         p, q1, q3 = paired(t["new"], t["old"])
         print(f"{'old':>8} {'new':>8} {'new/old':>8}  {'paired new/old':>22}")
         print(f"{o:>8.2f} {n:>8.2f} {n / o:>8.3f}  {p:>7.3f} ({q1:.3f}-{q3:.3f})")
+        print()
+        print(f"tracing (new bridge, a trace file on / off), {nbytes} B, µs per copy")
+        print(f"{'copy':>8} {'off':>8} {'on':>8} {'on/off':>8} {'µs more':>8}")
+        with open(Path(tmp) / "trace.json", "w", encoding="utf-8") as out:
+            for name, make in (("sync", sync_copy), ("async", async_copy)):
+                t = interleaved({"off": make(new, nbytes), "on": make(new, nbytes, out)}, args.rounds, block_s)
+                off, on = med(t["off"]), med(t["on"])
+                print(f"{name:>8} {off:>8.2f} {on:>8.2f} {on / off:>8.3f} {on - off:>8.2f}")
 
 
 if __name__ == "__main__":
