@@ -17,6 +17,7 @@ default), the bridge pays one `is None` test where a state changes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -31,6 +32,7 @@ from devbridge.statemachine.records import Allocation, InFlight
 QUEUE_TID = 1  # the device queue's track in each bridge's process
 MEMORY = "device bytes in use"
 PHASES = frozenset("BEbeisfCMn")  # the Trace Event phases this writer uses
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # one encoder, made once
 
 
 def traceable(target: object) -> bool:
@@ -74,11 +76,15 @@ class Trace:
     def emit(self, event: dict[str, Any]) -> None:
         """Write one event (its `ts` stamped now unless given)."""
         event.setdefault("ts", self.now())
-        line = json.dumps(event, separators=(",", ":"), default=str)
+        line = _encode(event)
         with self._lock:
             if self._closed:
                 return
-            self._out.write(line if self._first else ",\n" + line)
+            try:
+                self._out.write(line if self._first else ",\n" + line)
+            except (OSError, ValueError):  # the caller's file was closed under it: tracing ends
+                self._closed = True
+                return
             self._first = False
             self.events += 1
 
@@ -92,15 +98,17 @@ class Trace:
 
     def close(self) -> None:
         """End what is still open (each live allocation's state, each use in flight), then the
-        JSON array, and close the file the trace opened. Idempotent."""
+        JSON array, and close the file the trace opened. Idempotent; never raises (a caller's
+        file closed already ends the trace as it is)."""
         for tracks in list(self._bridges):
             tracks.end_all()
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._out.write("\n]\n")
-            self._out.flush()
+            with contextlib.suppress(OSError, ValueError):  # a caller's file closed already
+                self._out.write("\n]\n")
+                self._out.flush()
             if self._owned:
                 self._out.close()
 

@@ -190,3 +190,13 @@ def test_the_example_writes_a_trace_of_its_round_trips(tmp_path: Path, capsys: p
     assert check_trace(events, TRANSITIONS) == []
     freed = [e for e in events if e["ph"] == "i" and e["name"] == "freed"]
     assert len(freed) == 8  # x and y of each of the 4 round trips, each to its end
+
+
+def test_a_callers_file_closed_under_the_trace_ends_it_quietly() -> None:
+    out = io.StringIO()
+    bridge = Bridge(FakeBackend(), trace=out)
+    bridge.alloc_device(U8, 8)
+    out.close()
+    bridge.alloc_device(U8, 8)  # tracing ends: the bridge goes on
+    bridge.close_trace()
+    assert bridge.stats().live_allocations == 2
