@@ -107,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--trace", default=None, metavar="FILE", help="write a timeline (Chrome Trace JSON: Perfetto, chrome://tracing)"
     )
+    demo.add_argument(
+        "--pins-report", action="store_true", help="name each allocation still pinned at the end, and what pins it"
+    )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     trace = commands.add_parser("trace", help="read a trace that --trace wrote: summary, check, picture")
@@ -368,7 +371,15 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
 
         try:
             summary = run_demo(
-                args.objects, backend, None, args.faults, args.restart_every, args.seed, progress, args.trace
+                args.objects,
+                backend,
+                None,
+                args.faults,
+                args.restart_every,
+                args.seed,
+                progress,
+                args.trace,
+                pins_report=args.pins_report,
             )
         except WorkerStalled as e:
             print(f"devbridge demo: {e}", file=sys.stderr)
@@ -389,6 +400,8 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
             f"unreleased bytes: input ring {s.unreleased_input_bytes}, output ring {s.unreleased_output_bytes}\n"
             f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
         )
+        if args.pins_report:
+            print(f"pinned at the end: {len(s.pinned)} allocations", *s.pinned, sep="\n  ")
     return 0 if clean else 1
 
 
@@ -439,6 +452,8 @@ def run_devices_command(args: argparse.Namespace) -> int:
 
     from devbridge.apps.worker import run_devices
 
+    if args.pins_report:
+        return usage_error("demo", "--pins-report reports one worker: name one device")
     devices = args.device.split(",")
     if len(set(devices)) != len(devices) or not all(devices):
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")

@@ -84,3 +84,21 @@ def test_a_backend_that_cannot_tell_leaves_the_census_empty_and_a_failing_one_is
     assert e.value.rule == "FAULT-1" and broken.pins(hb).views == 1
     del wb
     assert FaultyBackend(TinygradBackend("CPU")).holders  # the wrapper passes the census on
+
+
+def test_the_demos_pins_report_names_what_still_holds_each_allocation_at_the_end(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from devbridge.apps.worker import run_demo
+    from devbridge.cli import main
+
+    summary = run_demo(60, "tinygrad", "CPU", restart_every=20, pins_report=True)
+    assert summary.restarts == 2 and summary.pinned
+    names = [line.split()[1] for line in summary.pinned]
+    assert {"w1", "b1", "w2", "b2"} <= set(names) <= {"w1", "b1", "w2", "b2", "x", "y"}
+    for line in summary.pinned:  # the last generation's memory, pinned by its live views only
+        assert "(generation 2): computing; views 1; reached by views 1" in line, line
+    assert main(["demo", "--backend", "fake", "--objects", "20", "--pins-report"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned at the end: 0 allocations" not in out and "\n  #0 w1 (generation 0): computing; views 1" in out
+    assert main(["demo", "--backend", "fake", "--objects", "20", "--pins-report", "--device", "a,b"]) == 2

@@ -38,10 +38,12 @@ def run_demo(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     trace: str | None = None,
+    pins_report: bool = False,
 ) -> Summary:
     """The reference worker over `objects` synthetic objects on `backend` (a name for
-    make_backend, or an opened Backend), its timeline written to `trace` (a path) if given.
-    Raises WorkerStalled if the backend fails for good."""
+    make_backend, or an opened Backend), its timeline written to `trace` (a path) if given;
+    with `pins_report`, the summary's `pinned` names each allocation still held at the end and
+    what holds it. Raises WorkerStalled if the backend fails for good."""
     check_demo(objects, faults, restart_every)
     timeline = None if trace is None else Trace(trace)
     try:
@@ -49,7 +51,10 @@ def run_demo(
         worker = device_worker(inner, range(objects), faults, restart_every, seed, seed, timeline)
         start = time.perf_counter()
         worker.run(progress)
-        return worker.summary(time.perf_counter() - start, backend_name(inner))
+        summary = worker.summary(time.perf_counter() - start, backend_name(inner))
+        if pins_report:
+            summary.pinned = worker.pins_report()
+        return summary
     finally:
         if timeline is not None:
             timeline.close()

@@ -31,7 +31,7 @@ import contextlib
 import gc
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,13 +45,18 @@ from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
 from devbridge.events import Event
 from devbridge.ring import HostRange, HostRing
+from devbridge.spec import load as load_spec
 from devbridge.trace import Trace
-from devbridge.types import DeviceRange, ObjectSpec, TensorViewSpec
+from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
 
 IDLE_WAIT_S = 0.05  # the longest an idle worker blocks before it looks for new objects
 #: Failures in a row, with no object delivered in between, after which the backend is taken to
 #: fail for good (a device that cannot allocate, say), not by chance: the run ends, it never spins.
 GIVE_UP_AFTER = 1000
+
+
+#: The states an allocation ends in (the spec's terminal states): nothing pins it any more.
+TERMINAL = frozenset(name for name, state in load_spec().states.items() if state.terminal)
 
 
 class WorkerStalled(RuntimeError):
@@ -78,6 +83,8 @@ class Summary(Delivery):
     unreleased_input_bytes: int
     unreleased_output_bytes: int
     backend: str
+    #: with `pins_report`: each allocation still pinned at the end and what pins it (PIN-1)
+    pinned: list[str] = field(default_factory=list)
 
 
 class Worker:
@@ -134,6 +141,7 @@ class Worker:
         self.y_spec = ObjectSpec("y", "float32", role="output", view=self.y_view)
         self.weights: dict[str, Any] = {}  # name -> live view of the uploaded weight
         self.free_slots: list[Slot] = []  # the pool: slots of this generation no object holds
+        self.issued: list[DeviceHandle] = []  # every allocation not known to be over (pins_report)
         self.slots = 0  # slots made in this generation
         self.mlp = _jit(workload.mlp_step)
         self.weight_ring = HostRing(sum(w.nbytes for w in self.weights_np.values()))
@@ -217,6 +225,7 @@ class Worker:
         self.weights.clear()
         for name, w in self.weights_np.items():
             handle = self.retry(self.bridge.alloc_device, ObjectSpec(name, "float32", role="weights"), w.nbytes)
+            self.issued.append(handle)
             src = self.weight_src[name]
             self.retry(self.upload_weight, src, DeviceRange(handle, 0, src.nbytes))
             self.weights[name] = self.bridge.wrap_for_tinygrad(handle, TensorViewSpec(w.shape, "float32"))
@@ -261,6 +270,7 @@ class Worker:
         self.slots = 0
         self.reported(self.bridge.restart)
         self.restarts += 1
+        self.issued = [h for h in self.issued if self.bridge.state(h) not in TERMINAL]  # the live, and the pinned
         for job in self.jobs:
             if job.event is not None and not job.event.done():
                 job.old.append(job.event)
@@ -292,6 +302,7 @@ class Worker:
             self.reported(self.bridge.free_device, x)
             return None
         self.slots += 1
+        self.issued += [x, y]
         self.note_live()
         xv, yv = self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view)
         return Slot(x, y, xv, yv, DeviceRange(x, 0, self.in_bytes), DeviceRange(y, 0, self.out_bytes))
@@ -392,6 +403,27 @@ class Worker:
         self.jobs.remove(job)
 
     # ------------------------------------------------------------ results
+
+    def pins_report(self) -> list[str]:
+        """Each allocation the worker made that is still held at the end, and what holds it: the
+        uses in flight by kind and the tinygrad objects that still reach a view's memory
+        (`Bridge.pins(holders=True)`, after a collection)."""
+        gc.collect()
+        self.reported(self.bridge.poll)
+        lines = []
+        for h in self.issued:
+            pins = self.bridge.pins(h, holders=True)
+            if pins.state in TERMINAL:
+                continue
+            kinds = {"copies in": pins.copies_in, "copies out": pins.copies_out, "computes": pins.computes}
+            uses = ", ".join(f"{kind} {n}" for kind, n in {**kinds, "views": pins.views}.items() if n) or "no use"
+            held = ", ".join(f"{kind} {n}" for kind, n in sorted(pins.holders.items()) if n)
+            waited = f", waiting {pins.waiting_s:.1f} s" if pins.waiting_s else ""
+            lines.append(
+                f"#{h.id} {h.spec.name} (generation {h.generation}): {pins.state}{waited}; {uses}"
+                + (f"; reached by {held}" if held else "")
+            )
+        return lines
 
     def summary(self, seconds: float, backend_name: str) -> Summary:
         stats = self.bridge.stats()
