@@ -6,12 +6,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Sequence
+from dataclasses import asdict
 from importlib import metadata
 from typing import Any
 
 from devbridge.backends.base import Backend
+from devbridge.cli_args import at_least, depth_or_all, probability, progress_bar, spans, usage_error
 
 
 def version() -> str:
@@ -156,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "check":
+        from devbridge.cli_check import run_check
+
         return run_check(args)
     if args.command == "trace":
         from devbridge.apps.timeline import command
@@ -189,12 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 NO_PROGRESS = "no progress bar (there is one only when stderr is a terminal)"
 
 
-def usage_error(command: str, message: str) -> int:
-    """One line on stderr, exit status 2 (as argparse does for a bad option)."""
-    print(f"devbridge {command}: error: {message}", file=sys.stderr)
-    return 2
-
-
 def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend | None:
     """The backend the options name (on `device`, else --device), opened before any work; None
     (and one line) if it cannot be."""
@@ -217,11 +214,6 @@ def open_backend(args: argparse.Namespace, device: str | None = None) -> Backend
     return backend
 
 
-def progress_bar(args: argparse.Namespace) -> bool:
-    """Whether to draw a progress bar: asked for, and stderr is a terminal."""
-    return not args.no_progress and sys.stderr.isatty()
-
-
 def run_jit_command(args: argparse.Namespace, backend: Backend) -> int:
     from devbridge.apps.example import run_jit_example
 
@@ -237,126 +229,10 @@ def run_jit_command(args: argparse.Namespace, backend: Backend) -> int:
     return show(args, report, text, clean)
 
 
-def at_least(least: int) -> Callable[[str], int]:
-    """An argparse type: an int of at least `least` (else one line and exit 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
-
-
-def probability(text: str) -> float:
-    """An argparse type: a float in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
-    return value
-
-
-def depth_or_all(text: str) -> int | str:
-    """A depth (at least 1) or `all`."""
-    return text if text == "all" else at_least(1)(text)
-
-
-def spans(text: str) -> tuple[tuple[int, int], ...]:
-    """OFFSET:SIZE,... as ((offset, size), ...); whether they fit is the Bound's to say."""
-    try:
-        return tuple((int(o), int(n)) for o, n in (part.split(":") for part in text.split(",")))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not OFFSET:SIZE,...: {text!r}") from None
-
-
 def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
     """Print a report as JSON (--json) or as text; the exit status says whether it is clean."""
     print(json.dumps(asdict(report)) if args.json else text)
     return 0 if clean else 1
-
-
-def run_check(args: argparse.Namespace) -> int:
-    from devbridge.models.checker import PROFILES
-
-    fields = ("allocations", "restarts", "faults", "in_flight", "depth", "tensors", "ring", "spans")
-    chosen = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
-    if args.values_depth is not None:
-        chosen["values_depth"] = None if args.values_depth == "all" else args.values_depth
-    if args.in_order:
-        chosen["in_order"] = True
-    try:
-        bound = replace(PROFILES[args.profile], **chosen)
-    except ValueError as e:
-        return usage_error("check", str(e))
-    print(f"bound: {bound}")
-    clean = True
-    if args.tier in ("both", "values"):
-        clean = check_values(args, bound)
-    if args.tier in ("both", "lockstep"):
-        clean = check_lockstep(args, bound) and clean
-    return 0 if clean else 1
-
-
-def states_bar(args: argparse.Namespace) -> Any:
-    """A progress bar of states explored (only on a terminal), and the callback that moves it."""
-    from tqdm import tqdm
-
-    bar = tqdm(desc="states", unit=" states", disable=not progress_bar(args), leave=False)
-
-    def progress(states: int, transitions: int, depth: int) -> None:
-        bar.n = states
-        bar.set_postfix(transitions=transitions, depth=depth, refresh=False)
-        bar.update(0)
-
-    return bar, progress
-
-
-def check_values(args: argparse.Namespace, bound: Any) -> bool:
-    from devbridge.models import sansio
-
-    bar, progress = states_bar(args)
-    with bar:
-        report = sansio.check(bound, bound.values_depth, jobs=args.jobs, progress=progress)
-    print(report.summary())
-    if report.violation is not None:
-        path = report.violation.path
-        print(f"\nshortest counterexample ({len(path)} steps): {sansio.describe(path)}")
-        print(f"(ids are the canonical ones of the state each action is taken in)\n{report.violation.error}")
-    return report.violation is None
-
-
-def check_lockstep(args: argparse.Namespace, bound: Any) -> bool:
-    from devbridge.models.checker import check, describe
-
-    bar, progress = states_bar(args)
-    with bar:
-        report = check(bound, progress, jobs=args.jobs)
-    print(report.summary())
-    if report.violation is None:
-        missing = report.coverage.missing()
-        if missing:
-            print("spec candidates outside this bound:\n  " + "\n  ".join(missing))
-        return True
-    print(f"\nshortest counterexample ({len(report.violation.path)} steps): {describe(report.violation.path)}")
-    print(report.violation.error)
-    if args.test_out:
-        try:
-            with open(args.test_out, "w") as f:
-                f.write(report.violation.test_source)
-        except OSError as e:
-            print(f"devbridge check: cannot write the counterexample test: {e}", file=sys.stderr)
-            return False
-        print(f"wrote {args.test_out}")
-    else:
-        print("\n" + report.violation.test_source)
-    return False
 
 
 def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
