@@ -77,6 +77,8 @@ def test_a_held_copy_shows_what_it_follows_and_an_arrow_to_its_launch() -> None:
     assert flow == [("s", "0>1"), ("f", "0>1")]
     held = [e for e in events if e["ph"] in "ben" and e.get("id") == 1]
     assert [e["ph"] for e in held] == ["b", "n", "e"] and held[0]["args"]["follows"] == [0]
+    ends = [e["args"] for e in events if e["ph"] == "e"]
+    assert ends == [{"ok": True}, {"ok": True}]  # each ended as it did, not left for close() to end
     assert [e["args"] for e in events if e["ph"] == "b" and e["id"] == 0] == [
         {"allocations": [0], "range": [0, 8], "bytes": 8}
     ]
@@ -200,3 +202,29 @@ def test_a_callers_file_closed_under_the_trace_ends_it_quietly() -> None:
     bridge.alloc_device(U8, 8)  # tracing ends: the bridge goes on
     bridge.close_trace()
     assert bridge.stats().live_allocations == 2
+
+
+def test_a_failed_allocation_a_failed_free_and_a_failed_copy_are_marked() -> None:
+    from devbridge.errors import DeviceAllocationError, DeviceCopyError, DeviceFreeError
+
+    fake, out = FakeBackend(), io.StringIO()
+    bridge, ring = Bridge(fake, trace=out), HostRing(64)
+    fake.fail_next("alloc")
+    with pytest.raises(DeviceAllocationError):
+        bridge.alloc_device(U8, 8)
+    h = bridge.alloc_device(U8, 8)
+    fake.fail_next("copy_in")
+    copy = bridge.host_to_device(ring.reserve(8), DeviceRange(h, 0, 8), sync=False)
+    fake.complete(copy)
+    with pytest.raises(DeviceCopyError):
+        copy.wait()
+    fake.fail_next("free")
+    with pytest.raises(DeviceFreeError):
+        bridge.free_device(h)
+    bridge.close_trace()
+    events = json.loads(out.getvalue())
+    assert [e["name"] for e in events if e.get("cat") == "fault"] == [
+        "failed: alloc of 8 B for blob", "failed: copy_in #0", "failed: free of allocation #0",
+    ]  # fmt: skip
+    assert [e["args"] for e in events if e["ph"] == "e"] == [{"ok": False}]
+    assert [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == MEMORY] == [8, 0]
