@@ -43,7 +43,7 @@ from devbridge.introspection import Introspection
 from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange, HostRing
 from devbridge.statemachine.core import LifecycleCore
-from devbridge.trace import BridgeTrace, Trace, traceable
+from devbridge.trace import BridgeTrace, Trace
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
@@ -95,8 +95,6 @@ class Bridge(Waiting, Introspection):
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
-        if not (trace is None or isinstance(trace, Trace) or traceable(trace)):
-            raise InvalidArgumentError("ARG-1", f"trace needs a path, a text file or a Trace, got {short(trace)}")
         self._backend = backend
         self._core = LifecycleCore()
         self._owner = next(_owners)
@@ -115,7 +113,8 @@ class Bridge(Waiting, Introspection):
         self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
         self._memory = MemoryBook()  # device memory held, now and at peak, in all and per role
         self._trace: BridgeTrace | None = None
-        self._own_trace = None if trace is None or isinstance(trace, Trace) else Trace(trace)  # ARG-1: no backend call
+        # a path or a file is opened here, before any backend call: anything else is ARG-1
+        self._own_trace = None if trace is None or isinstance(trace, Trace) else Trace(trace)
         try:
             backend.begin_generation(0)
             backend.subscribe(self._on_complete)

@@ -15,6 +15,7 @@ from harness import COMPUTE_DEVICES
 from support import U8
 
 from devbridge import Bridge, DeviceRange, HostRing, InvalidArgumentError
+from devbridge.backends.base import BackendError
 from devbridge.backends.fake import FakeBackend
 from devbridge.cli import main
 from devbridge.spec import load
@@ -228,3 +229,29 @@ def test_a_failed_allocation_a_failed_free_and_a_failed_copy_are_marked() -> Non
     ]  # fmt: skip
     assert [e["args"] for e in events if e["ph"] == "e"] == [{"ok": False}]
     assert [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == MEMORY] == [8, 0]
+
+
+def test_a_bridge_the_backend_refuses_leaves_its_trace_file_ended(tmp_path: Path) -> None:
+    from devbridge.errors import BackendFailureError
+
+    path = tmp_path / "t.json"
+
+    class Refusing(FakeBackend):
+        def begin_generation(self, generation: int) -> None:
+            raise BackendError("no")
+
+    with pytest.raises(BackendFailureError):
+        Bridge(Refusing(), trace=path)
+    assert json.loads(path.read_text()) == []
+
+
+def test_a_trace_the_bridge_opened_is_ended_when_the_bridge_is_collected(tmp_path: Path) -> None:
+    import gc
+
+    path = tmp_path / "t.json"
+    bridge = Bridge(FakeBackend(), trace=path)
+    bridge.alloc_device(U8, 8)
+    del bridge
+    gc.collect()
+    events = json.loads(path.read_text())
+    assert check_trace(events, TRANSITIONS) == [] and [e["name"] for e in events if e["ph"] == "E"] == ["allocated"]
