@@ -124,6 +124,8 @@ def test_a_shared_trace_is_closed_by_its_owner_and_each_bridge_ends_its_own_span
     two.alloc_device(U8, 8)
     one.close_trace()
     assert not shared.closed
+    so_far = json.loads(out.getvalue() + "\n]")
+    assert [(e["pid"], e["name"]) for e in so_far if e["ph"] == "E"] == [(so_far[0]["pid"], "allocated")]
     two.alloc_device(U8, 8)
     shared.close()
     events = json.loads(out.getvalue())
