@@ -257,3 +257,21 @@ def test_only_a_backend_that_says_true_is_driven_and_the_faulty_wrapper_passes_i
     with refused("WAIT-1"):
         bridge.wait_any([a], timeout=0.05)
     assert not a.done()
+
+
+def test_a_backend_that_says_nothing_is_not_driven(ring: HostRing) -> None:
+    """A backend with no `waits_run_work` at all (a device's own backend) makes no promise:
+    wait_any sleeps until a completion is reported, it never waits on an event unbounded."""
+
+    class Silent(FakeBackend):
+        @property
+        def waits_run_work(self) -> bool:
+            raise AttributeError("waits_run_work")  # as if the backend had no such attribute
+
+    silent = Silent()
+    assert not hasattr(silent, "waits_run_work")
+    bridge = Bridge(silent)
+    a, _ = two_copies(bridge, ring)
+    with refused("WAIT-1"):
+        bridge.wait_any([a], timeout=0.05)
+    assert not a.done()
