@@ -1,34 +1,76 @@
-"""The reference worker against a raw tinygrad pipeline of the same work, in one process.
+"""The reference worker against the pipeline a user would write without devbridge, in one process.
 
-Raw: per object, `allocator._copyin` of its 16x64 float32 input into a device
-Buffer, the same MLP under TinyJit (zero-copy tensors over the Buffers, made
-as the bridge makes its views, passed as arguments; the result assigned into
-the output), `allocator._copyout` of the 16x32 output; one object at a time,
-no ring, no lifecycle, no checks, inputs made beforehand. Worker:
-`devbridge.apps.worker.run_demo` (producer thread, rings, the bridge, pooled
-slots, asynchronous copies, every output checked against numpy). Rounds
-alternate; medians. Goal: worker/raw >= 0.8.
+The user's pipeline, the yardstick: plain tinygrad tensors for one object's input and output,
+the MLP under TinyJit with the weights captured and only x and y passed, per object the
+allocator's `_copyin` of its 16x64 float32 input, the jitted step, `_copyout` of the 16x32
+output; one object at a time, no ring, no lifecycle, no checks, inputs made beforehand.
+The six-argument pipeline (a second, labelled row): the same with every tensor passed to the
+JIT, weights included, over zero-copy views made as the bridge makes them. Worker:
+`devbridge.apps.worker.run_demo` (producer thread, rings, the bridge, pooled slots,
+asynchronous copies, every output checked against numpy). Rounds alternate; medians.
+Goal: worker/user >= 0.8.
 
-    python bench/pipeline.py [--objects N] [--rounds R]
+`--profile` runs each once under cProfile and prints, per object, the time spent in each part
+(the bridge, the rings, events, the worker's own loop, the numpy check, TinyJit's argument
+handling, kernels, tinygrad's copies): where the gap between them goes.
+
+    python bench/pipeline.py [--objects N] [--rounds R] [--device CPU] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import pstats
 import statistics
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 import numpy as np
-from tinygrad.device import Device
 from tinygrad.engine.jit import TinyJit
 from tinygrad.tensor import Tensor
 
-from devbridge.apps.worker import Shapes, make_input, make_weights, mlp_step, run_demo
+from devbridge.apps.backends import make_backend
+from devbridge.apps.worker import (
+    Shapes,
+    device_worker,
+    jitted_mlp,
+    make_input,
+    make_weights,
+    mlp_step,
+    reference_mlp,
+    run_demo,
+)
 from devbridge.backends import tinygrad_compat as tg
 
 
+def user_pipeline(objects: int, seed: int = 0, device: str = "CPU", profiler: cProfile.Profile | None = None) -> float:
+    """Objects per second of the pipeline a user writes: weights captured in the JIT (the timed
+    loop profiled by `profiler`, if given)."""
+    shapes = Shapes()
+    inputs = [make_input(seed, k, shapes) for k in range(objects)]
+    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(seed, shapes).items()}
+    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
+    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
+    xb, yb = x.uop.buffer, y.uop.buffer
+    step = jitted_mlp(weights)
+    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    with profiling(profiler):
+        start = time.perf_counter()
+        for k in range(objects):
+            xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
+            step(x, y)
+            yb.allocator._copyout(out.data.cast("B"), yb._buf)
+        seconds = time.perf_counter() - start
+    _check(out, inputs[-1], seed, shapes)
+    return objects / seconds
+
+
 def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
-    """Objects per second of the raw pipeline."""
+    """Objects per second of the six-argument pipeline: every tensor passed to the JIT, over
+    zero-copy views made as the bridge makes its views."""
     shapes = Shapes()
     inputs = [make_input(seed, k, shapes) for k in range(objects)]
     weights = [Tensor(w, device=device).realize() for w in make_weights(seed, shapes).values()]
@@ -43,27 +85,116 @@ def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
         step(x, *weights, y)
         tg.copy_out(out.data.cast("B"), yb, 0)  # the allocator's _copyout
     seconds = time.perf_counter() - start
-    expected = inputs[-1] @ make_weights(seed, shapes)["w1"]  # a sanity check that it computed
-    assert np.isfinite(out).all() and expected.shape == (shapes.rows, shapes.hidden)
+    _check(out, inputs[-1], seed, shapes)
     return objects / seconds
+
+
+def _check(out: np.ndarray, last: np.ndarray, seed: int, shapes: Shapes) -> None:  # type: ignore[type-arg]
+    """The last object's output is numpy's: the pipeline computed what the worker computes."""
+    expected = reference_mlp(last, make_weights(seed, shapes))
+    assert np.allclose(out, expected, rtol=1e-4, atol=1e-4), "the pipeline computed something else"
+
+
+def worker(objects: int, device: str = "CPU", profiler: cProfile.Profile | None = None) -> float:
+    """Objects per second of the reference worker (`devbridge demo`'s run, its timed part
+    profiled by `profiler`, if given); every object delivered once and right."""
+    if profiler is None:
+        summary = run_demo(objects=objects, device=device)
+    else:
+        run = device_worker(make_backend("tinygrad", device), range(objects), 0.0, 0, 0, 0)
+        with profiling(profiler):
+            start = time.perf_counter()
+            run.run()
+            summary = run.summary(time.perf_counter() - start, device)
+    assert summary.clean, summary
+    return summary.objects_per_s
+
+
+@contextlib.contextmanager
+def profiling(profiler: cProfile.Profile | None) -> Iterator[None]:
+    if profiler is not None:
+        profiler.enable()
+    try:
+        yield
+    finally:
+        if profiler is not None:
+            profiler.disable()
+
+
+#: The parts of a run, by where the time is spent (the first match of a file's path wins).
+PARTS = (
+    ("devbridge/ring.py", "rings"),
+    ("devbridge/events.py", "events"),
+    ("devbridge/aio.py", "events"),
+    ("devbridge/apps/worker/workload.py", "the numpy check"),
+    ("devbridge/apps/", "the worker's loop"),
+    ("devbridge/", "the bridge"),
+    ("tinygrad/engine/jit.py", "TinyJit: arguments"),
+    ("tinygrad/uop/", "TinyJit: arguments"),
+    ("tinygrad/runtime/", "kernels and copies"),
+    ("tinygrad/engine/realize.py", "kernels and copies"),
+    ("tinygrad/", "tinygrad, other"),
+    ("numpy/", "the numpy check"),
+    ("threading.py", "waiting"),
+)
+
+
+def profile(run: Callable[[cProfile.Profile], object], objects: int) -> Counter[str]:
+    """Microseconds per object in each part of PARTS (own time in the timed part of `run`, the
+    calling thread's)."""
+    profiler = cProfile.Profile()
+    run(profiler)
+    parts: Counter[str] = Counter()
+    for (path, _, function), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        own_s = row[2]
+        part = next((name for key, name in PARTS if key in path), None)
+        if part is None:
+            part = "waiting" if "acquire" in function or "wait" in function else "Python, other"
+        parts[part] += own_s * 1e6 / objects
+    return parts
+
+
+def gap(objects: int, device: str) -> dict[str, dict[str, float]]:
+    """Per part of PARTS: {"worker": µs per object, "user": µs per object}, each run once under
+    cProfile after a warm-up run of each (kernels compiled, caches full); parts by the worker's
+    cost, largest first."""
+    user_pipeline(objects, device=device), worker(objects, device)
+    w = profile(lambda p: worker(objects, device, p), objects)
+    u = profile(lambda p: user_pipeline(objects, device=device, profiler=p), objects)
+    names = sorted(set(w) | set(u), key=lambda name: -w[name])
+    return {name: {"worker": round(w[name], 1), "user": round(u[name], 1)} for name in names}
+
+
+def gap_table(parts: dict[str, dict[str, float]]) -> list[str]:
+    total = {side: sum(p[side] for p in parts.values()) for side in ("worker", "user")}
+    lines = [f"{'part':<32} {'worker':>9} {'user':>9} {'gap':>9}"]
+    for name, p in [*parts.items(), ("total", total)]:
+        lines.append(f"{name:<32} {p['worker']:>9.1f} {p['user']:>9.1f} {p['worker'] - p['user']:>9.1f}")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="CPU")
+    parser.add_argument("--profile", action="store_true", help="where each pipeline's time goes, per object")
     args = parser.parse_args()
-    raw, worker = [], []
+    if args.profile:
+        print(f"µs per object under cProfile ({args.objects} objects, device {args.device}; own time, main thread)")
+        print("\n".join(gap_table(gap(args.objects, args.device))))
+        return
+    runs: dict[str, list[float]] = {"user": [], "six": [], "worker": []}
     for _ in range(args.rounds):
-        raw.append(raw_pipeline(args.objects))
-        summary = run_demo(objects=args.objects)
-        assert summary.clean, summary
-        worker.append(summary.objects_per_s)
-    r, w = statistics.median(raw), statistics.median(worker)
-    print(f"{args.objects} objects per run, {args.rounds} rounds alternating, device {Device.DEFAULT} (medians)")
-    print(f"raw tinygrad pipeline: {r:8.0f} objects/s   runs {[round(v) for v in raw]}")
-    print(f"reference worker:      {w:8.0f} objects/s   runs {[round(v) for v in worker]}")
-    print(f"worker/raw: {w / r:.2f}   (goal >= 0.8)")
+        runs["user"].append(user_pipeline(args.objects, device=args.device))
+        runs["worker"].append(worker(args.objects, args.device))
+        runs["six"].append(raw_pipeline(args.objects, device=args.device))
+    u, s, w = (statistics.median(runs[k]) for k in ("user", "six", "worker"))
+    print(f"{args.objects} objects per run, {args.rounds} rounds alternating, device {args.device} (medians)")
+    print(f"user's pipeline (weights captured): {u:8.0f} objects/s   runs {[round(v) for v in runs['user']]}")
+    print(f"six-argument pipeline:              {s:8.0f} objects/s   runs {[round(v) for v in runs['six']]}")
+    print(f"reference worker:                   {w:8.0f} objects/s   runs {[round(v) for v in runs['worker']]}")
+    print(f"worker/user: {w / u:.2f}   (goal >= 0.8)   worker/six-argument: {w / s:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ MLP's weights are uploaded once per generation under their own role.
 
 Device memory is pooled per generation: a slot is an input and an output allocation with their
 views, allocated once and reused by object after object (the lifecycle still tracks every copy
-and compute on them); a restart frees the pool. The MLP runs under TinyJit with every view
-passed as an argument (TinyJit swaps argument buffers per call), weights included. A compute
-declares the object's x and y; the weights are only read after their upload, and their views,
-alive for the whole generation, pin them.
+and compute on them); a restart frees the pool. The MLP runs under TinyJit with the object's
+x and y views as its arguments (TinyJit swaps argument buffers per call) and the weights'
+views captured, as a user would write it: one jitted MLP per generation, made again after a
+restart (its capture pins the old weights until it goes, VIEW-3). A compute declares the
+object's x and y; the weights are only read after their upload, and their views, alive for
+the whole generation, pin them.
 
 Ordering is the bridge's (ORDER-1): the download is issued right after the compute, without
 waiting for its event; the bridge holds it back until the compute has written what it reads.
@@ -143,7 +145,7 @@ class Worker:
         self.free_slots: list[Slot] = []  # the pool: slots of this generation no object holds
         self.issued: list[DeviceHandle] = []  # every allocation not known to be over (pins_report)
         self.slots = 0  # slots made in this generation
-        self.mlp = _jit(workload.mlp_step)
+        self.mlp: Callable[[Any, Any], None] | None = None  # jitted per generation (upload_weights)
         self.weight_ring = HostRing(sum(w.nbytes for w in self.weights_np.values()))
         self.weight_src = {}
         for name, w in self.weights_np.items():
@@ -229,6 +231,7 @@ class Worker:
             src = self.weight_src[name]
             self.retry(self.upload_weight, src, DeviceRange(handle, 0, src.nbytes))
             self.weights[name] = self.bridge.wrap_for_tinygrad(handle, TensorViewSpec(w.shape, "float32"))
+        self.mlp = workload.jitted_mlp(self.weights)
         self.note_live()
 
     def upload_weight(self, src: HostRange, dst: DeviceRange) -> None:
@@ -265,7 +268,8 @@ class Worker:
     def restart(self) -> None:
         """Restart mid-flight: every job starts over in the new generation from its kept input;
         the pool goes with the old generation (its views are dropped, so its memory is released)."""
-        self.weights.clear()  # old views must go: they pin old memory
+        self.weights.clear()  # old views must go: they pin old memory (and so does the old MLP's capture)
+        self.mlp = None
         self.free_slots.clear()
         self.slots = 0
         self.reported(self.bridge.restart)
@@ -365,14 +369,14 @@ class Worker:
         self.attempt(job, Stage.UPLOAD, lambda: self.bridge.host_to_device(job.src, x, sync=False, release=False))
 
     def compute(self, job: Job) -> None:
-        slot, w = job.slot, self.weights
-        assert slot is not None
+        slot, mlp = job.slot, self.mlp
+        assert slot is not None and mlp is not None
         uploading = (j for j in self.jobs if j is not job and j.stage is Stage.UPLOAD)
         self.overlapped += any(j.event is not None and not j.event.done() for j in uploading)
         # x and y only: the weights are read by every compute but never written after their upload
         # (no copy to order against), and their live views pin them for the generation (VIEW-3)
         with self.bridge.compute(slot.x, slot.y) as event:
-            self.mlp(slot.xv, w["w1"], w["b1"], w["w2"], w["b2"], slot.yv)
+            mlp(slot.xv, slot.yv)
         job.event = job.computed = event
         job.move(Stage.COMPUTE)
         self.download(job)  # at once: held back by the bridge until the compute event completes
@@ -450,10 +454,3 @@ class Worker:
             unreleased_output_bytes=self.outputs.head - self.outputs.cursor,
             backend=backend_name,
         )
-
-
-def _jit(step: Callable[..., None]) -> Callable[..., None]:
-    from tinygrad.engine.jit import TinyJit
-
-    jitted: Callable[..., None] = TinyJit(step)
-    return jitted

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,20 @@ def reference_mlp(x: np.ndarray[Any, Any], w: dict[str, np.ndarray[Any, Any]]) -
 def mlp_step(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, y: Any) -> None:
     """The worker's MLP, writing its result into the output view (jitted by the worker)."""
     y.assign(((x @ w1 + b1).relu() @ w2) + b2).realize()
+
+
+def jitted_mlp(weights: dict[str, Any]) -> Callable[[Any, Any], None]:
+    """The MLP over one generation's weights (tensors), jitted as a user writes it: x and y are
+    its arguments, the weights its captures (TinyJit bakes their buffers into what it replays)."""
+    from tinygrad.engine.jit import TinyJit
+
+    w1, b1, w2, b2 = (weights[name] for name in ("w1", "b1", "w2", "b2"))
+
+    def step(x: Any, y: Any) -> None:
+        mlp_step(x, w1, b1, w2, b2, y)
+
+    jitted: Callable[[Any, Any], None] = TinyJit(step)
+    return jitted
 
 
 def is_right(got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any]) -> bool:

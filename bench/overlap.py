@@ -1,0 +1,119 @@
+"""How much of the upload time the worker hides behind compute, on a device with its own queue.
+
+Objects large enough that copies matter (default: 4096x64 float32 inputs, 1 MiB; 512 KiB
+outputs), the same MLP as the demo. Four runs of the same objects, interleaved, medians:
+
+- serial: per object, `_copyin` and wait for the device, the jitted MLP and wait, `_copyout`
+  (each step waited for: nothing overlaps);
+- uploads alone: the serial run's `_copyin` and wait, nothing else (what there is to hide);
+- the user's pipeline: `_copyin`, the jitted MLP, `_copyout`, with no waits of its own (the
+  device's queue orders them);
+- the reference worker: asynchronous uploads of the next objects while one computes.
+
+The overlap fraction is the share of the upload time the worker saves against the serial
+run, (serial - worker) / uploads, within [0, 1]: 1 when every upload is hidden behind other
+work, 0 when nothing is gained; the time saved per object is printed beside it (more than
+the uploads when the serial run's waits cost more than the uploads themselves).
+
+    python bench/overlap.py [--device CL] [--objects 200] [--rounds 3] [--rows 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from tinygrad.device import Device
+from tinygrad.tensor import Tensor
+
+from devbridge.apps.worker import Shapes, Worker, jitted_mlp, make_input, make_weights, reference_mlp
+from devbridge.backends.tinygrad import TinygradBackend
+
+
+def serial(shapes: Shapes, objects: int, device: str, compute: bool = True) -> float:
+    """Seconds for `objects` objects, each step waited for; with compute=False, the uploads alone."""
+    inputs = [make_input(0, k, shapes) for k in range(objects)]
+    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(0, shapes).items()}
+    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
+    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
+    xb, yb = x.uop.buffer, y.uop.buffer
+    step, queue = jitted_mlp(weights), Device[device]
+    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    start = time.perf_counter()
+    for k in range(objects):
+        xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
+        queue.synchronize()
+        if compute:
+            step(x, y)
+            queue.synchronize()
+            yb.allocator._copyout(out.data.cast("B"), yb._buf)
+    seconds = time.perf_counter() - start
+    if compute:
+        assert np.allclose(out, reference_mlp(inputs[-1], make_weights(0, shapes)), rtol=1e-4, atol=1e-4)
+    return seconds
+
+
+def user(shapes: Shapes, objects: int, device: str) -> float:
+    """Seconds for the user's pipeline: no waits but `_copyout`'s own."""
+    inputs = [make_input(0, k, shapes) for k in range(objects)]
+    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(0, shapes).items()}
+    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
+    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
+    xb, yb = x.uop.buffer, y.uop.buffer
+    step = jitted_mlp(weights)
+    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    start = time.perf_counter()
+    for k in range(objects):
+        xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
+        step(x, y)
+        yb.allocator._copyout(out.data.cast("B"), yb._buf)
+    seconds = time.perf_counter() - start
+    assert np.allclose(out, reference_mlp(inputs[-1], make_weights(0, shapes)), rtol=1e-4, atol=1e-4)
+    return seconds
+
+
+def worker(shapes: Shapes, objects: int, device: str) -> float:
+    """Seconds for the reference worker (every output checked against numpy)."""
+    run = Worker(TinygradBackend(device), objects, shapes=shapes, ring_objects=16)
+    start = time.perf_counter()
+    run.run()
+    seconds = time.perf_counter() - start
+    delivery = run.tally.delivery(objects)
+    assert delivery.clean, delivery
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="CL")
+    parser.add_argument("--objects", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of 64 float32 per input (default 4096: 1 MiB)")
+    args = parser.parse_args()
+    shapes = Shapes(rows=args.rows)
+    runs: dict[str, list[float]] = {"serial": [], "uploads": [], "user": [], "worker": []}
+    for _ in range(2):  # warm-up: kernels compiled, the allocator's cache full
+        serial(shapes, 4, args.device), user(shapes, 4, args.device), worker(shapes, 4, args.device)
+    for _ in range(args.rounds):
+        runs["serial"].append(serial(shapes, args.objects, args.device))
+        runs["worker"].append(worker(shapes, args.objects, args.device))
+        runs["uploads"].append(serial(shapes, args.objects, args.device, compute=False))
+        runs["user"].append(user(shapes, args.objects, args.device))
+    s, u, p, w = (statistics.median(runs[k]) for k in ("serial", "uploads", "user", "worker"))
+    n = args.objects
+    kib_in, kib_out = shapes.rows * shapes.d_in * 4 >> 10, shapes.rows * shapes.d_out * 4 >> 10
+    print(f"{n} objects of {kib_in} KiB in, {kib_out} KiB out, device {args.device}, {args.rounds} rounds (medians)")
+    for name, seconds in (("serial (each step waited for)", s), ("uploads alone", u), ("user's pipeline", p),
+                          ("reference worker", w)):  # fmt: skip
+        print(f"{name:<32} {seconds * 1e3 / n:8.3f} ms per object   {n / seconds:8.1f} objects/s")
+    print(f"worker / serial: {s / w:.2f}x as fast   worker / user's pipeline: {p / w:.2f}x as fast")
+    saved = (s - w) / n
+    fraction = min(1.0, max(0.0, (s - w) / u))
+    print(f"overlap fraction: {fraction:.2f} of the upload time hidden (1: all, 0: none): the worker saves")
+    print(f"{saved * 1e3:.3f} ms per object against the serial run; the uploads take {u * 1e3 / n:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
