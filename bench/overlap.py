@@ -24,53 +24,39 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-from tinygrad.device import Device
-from tinygrad.tensor import Tensor
-
-from devbridge.apps.worker import Shapes, Worker, jitted_mlp, make_input, make_weights, reference_mlp
+from devbridge.apps.worker import Shapes, Worker
+from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.bench.pipeline import UserTensors
 
 
 def serial(shapes: Shapes, objects: int, device: str, compute: bool = True) -> float:
     """Seconds for `objects` objects, each step waited for; with compute=False, the uploads alone."""
-    inputs = [make_input(0, k, shapes) for k in range(objects)]
-    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(0, shapes).items()}
-    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
-    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
-    xb, yb = x.uop.buffer, y.uop.buffer
-    step, queue = jitted_mlp(weights), Device[device]
-    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    t = UserTensors(objects, device, shapes)
     start = time.perf_counter()
     for k in range(objects):
-        xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
-        queue.synchronize()
+        t.copy_in(k)
+        tg.synchronize(device)
         if compute:
-            step(x, y)
-            queue.synchronize()
-            yb.allocator._copyout(out.data.cast("B"), yb._buf)
+            t.step(t.x, t.y)
+            tg.synchronize(device)
+            t.copy_out()
     seconds = time.perf_counter() - start
     if compute:
-        assert np.allclose(out, reference_mlp(inputs[-1], make_weights(0, shapes)), rtol=1e-4, atol=1e-4)
+        t.check()
     return seconds
 
 
 def user(shapes: Shapes, objects: int, device: str) -> float:
     """Seconds for the user's pipeline: no waits but `_copyout`'s own."""
-    inputs = [make_input(0, k, shapes) for k in range(objects)]
-    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(0, shapes).items()}
-    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
-    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
-    xb, yb = x.uop.buffer, y.uop.buffer
-    step = jitted_mlp(weights)
-    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    t = UserTensors(objects, device, shapes)
     start = time.perf_counter()
     for k in range(objects):
-        xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
-        step(x, y)
-        yb.allocator._copyout(out.data.cast("B"), yb._buf)
+        t.copy_in(k)
+        t.step(t.x, t.y)
+        t.copy_out()
     seconds = time.perf_counter() - start
-    assert np.allclose(out, reference_mlp(inputs[-1], make_weights(0, shapes)), rtol=1e-4, atol=1e-4)
+    t.check()
     return seconds
 
 

@@ -27,8 +27,10 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
+from tinygrad.device import Buffer
 from tinygrad.engine.jit import TinyJit
 from tinygrad.tensor import Tensor
 
@@ -43,28 +45,54 @@ from devbridge.apps.worker import (
     reference_mlp,
     run_demo,
 )
+from devbridge.apps.worker.workload import DEMO_SHAPES
 from devbridge.backends import tinygrad_compat as tg
+
+
+class UserTensors:
+    """What a user's pipeline holds: the inputs made beforehand, the weights as plain realized
+    tensors captured in the jitted MLP, one object's x and y as plain tensors, their Buffers
+    (for the allocator's `_copyin` and `_copyout`) and a host array for the output."""
+
+    def __init__(self, objects: int, device: str, shapes: Shapes = DEMO_SHAPES, seed: int = 0) -> None:
+        self.shapes, self.seed = shapes, seed
+        self.inputs = [make_input(seed, k, shapes) for k in range(objects)]
+        weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(seed, shapes).items()}
+        self.step = jitted_mlp(weights)
+        self.x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
+        self.y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
+        self.xb, self.yb = _buffer(self.x), _buffer(self.y)
+        self.out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+
+    def copy_in(self, k: int) -> None:
+        self.xb.allocator._copyin(self.xb._buf, self.inputs[k].data.cast("B"))
+
+    def copy_out(self) -> None:
+        self.yb.allocator._copyout(self.out.data.cast("B"), self.yb._buf)
+
+    def check(self) -> None:
+        """The last output is numpy's for the last input: it computed what the worker computes."""
+        _check(self.out, self.inputs[-1], self.seed, self.shapes)
+
+
+def _buffer(t: Tensor) -> Buffer:
+    buffer = t.uop.buffer
+    assert isinstance(buffer, Buffer)
+    return buffer
 
 
 def user_pipeline(objects: int, seed: int = 0, device: str = "CPU", profiler: cProfile.Profile | None = None) -> float:
     """Objects per second of the pipeline a user writes: weights captured in the JIT (the timed
     loop profiled by `profiler`, if given)."""
-    shapes = Shapes()
-    inputs = [make_input(seed, k, shapes) for k in range(objects)]
-    weights = {name: Tensor(w, device=device).realize() for name, w in make_weights(seed, shapes).items()}
-    x = Tensor.zeros(shapes.rows, shapes.d_in, dtype="float32", device=device).contiguous().realize()
-    y = Tensor.zeros(shapes.rows, shapes.d_out, dtype="float32", device=device).contiguous().realize()
-    xb, yb = x.uop.buffer, y.uop.buffer
-    step = jitted_mlp(weights)
-    out = np.empty((shapes.rows, shapes.d_out), dtype=np.float32)
+    t = UserTensors(objects, device, seed=seed)
     with profiling(profiler):
         start = time.perf_counter()
         for k in range(objects):
-            xb.allocator._copyin(xb._buf, inputs[k].data.cast("B"))
-            step(x, y)
-            yb.allocator._copyout(out.data.cast("B"), yb._buf)
+            t.copy_in(k)
+            t.step(t.x, t.y)
+            t.copy_out()
         seconds = time.perf_counter() - start
-    _check(out, inputs[-1], seed, shapes)
+    t.check()
     return objects / seconds
 
 
@@ -89,7 +117,7 @@ def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
     return objects / seconds
 
 
-def _check(out: np.ndarray, last: np.ndarray, seed: int, shapes: Shapes) -> None:  # type: ignore[type-arg]
+def _check(out: np.ndarray[Any, Any], last: np.ndarray[Any, Any], seed: int, shapes: Shapes) -> None:
     """The last object's output is numpy's: the pipeline computed what the worker computes."""
     expected = reference_mlp(last, make_weights(seed, shapes))
     assert np.allclose(out, expected, rtol=1e-4, atol=1e-4), "the pipeline computed something else"
@@ -185,6 +213,7 @@ def main() -> None:
         print("\n".join(gap_table(gap(args.objects, args.device))))
         return
     runs: dict[str, list[float]] = {"user": [], "six": [], "worker": []}
+    user_pipeline(100, device=args.device), raw_pipeline(100, device=args.device), worker(100, args.device)  # warm-up
     for _ in range(args.rounds):
         runs["user"].append(user_pipeline(args.objects, device=args.device))
         runs["worker"].append(worker(args.objects, args.device))
