@@ -12,7 +12,15 @@ from importlib import metadata
 from typing import Any
 
 from devbridge.backends.base import Backend
-from devbridge.cli_args import at_least, depth_or_all, probability, progress_bar, spans, usage_error
+from devbridge.cli_args import (
+    at_least,
+    depth_or_all,
+    probability,
+    progress_bar,
+    spans,
+    trace_target_error,
+    usage_error,
+)
 
 
 def version() -> str:
@@ -135,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet.add_argument("--restart-every", type=at_least(1), default=0, help="as demo's, in each actor")
     fleet.add_argument("--seed", type=int, default=0)
     fleet.add_argument("--address", default=None, help="a Ray cluster to join (default: a local Ray)")
+    fleet.add_argument(
+        "--trace", default=None, metavar="FILE", help="as demo's: the driver's batches and each batch's bridge"
+    )
     fleet.add_argument("--json", action="store_true", help="print the summary as JSON")
     fleet.add_argument("--no-progress", action="store_true", help=NO_PROGRESS)
     commands.add_parser(
@@ -164,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from devbridge.apps.timeline import command
 
         return command(args.file, check=args.check, png=args.png)
+    if (problem := trace_target_error(getattr(args, "trace", None))) is not None and args.command != "trace":
+        return usage_error(args.command, problem)
     if args.command == "fleet":
         return run_fleet_command(args)
     if args.command == "demo" and args.device is not None and "," in args.device:
@@ -307,7 +320,7 @@ def run_fleet_command(args: argparse.Namespace) -> int:
 
         s = run_fleet(
             args.objects, args.workers, args.backend, devices, args.kill_every, args.batch, args.faults,
-            args.restart_every, args.seed, args.address, progress,
+            args.restart_every, args.seed, args.address, progress, args.trace,
         )  # fmt: skip
     actors = "\n".join(
         f"  {a.device}: {a.batches} batches, {a.objects} objects, busy {a.busy_s:.2f} s, {a.killed} killed"

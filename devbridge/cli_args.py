@@ -4,8 +4,10 @@ error (one line, exit 2) and a progress bar (only on a terminal)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 def usage_error(command: str, message: str) -> int:
@@ -56,3 +58,16 @@ def spans(text: str) -> tuple[tuple[int, int], ...]:
         return tuple((int(o), int(n)) for o, n in (part.split(":") for part in text.split(",")))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not OFFSET:SIZE,...: {text!r}") from None
+
+
+def trace_target_error(path: str | None) -> str | None:
+    """Why `--trace PATH` cannot be written (one line), checked before any work; None if it can."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"--trace {path!r} is a directory"
+    folder = target.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        return f"--trace {path!r}: cannot create a file in {str(folder)!r}"
+    return None

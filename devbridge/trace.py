@@ -64,6 +64,7 @@ class Trace:
         self._lock = threading.Lock()
         self._bridges: list[BridgeTrace] = []
         self._t0 = time.monotonic_ns()
+        self.wall_ns = time.time_ns()  # the wall clock at the start: traces of several processes align by it
         self._first = True
         self._closed = False
         self.events = 0  # written so far
@@ -87,6 +88,21 @@ class Trace:
                 return
             self._first = False
             self.events += 1
+
+    def include(self, events: Iterable[dict[str, Any]], *, pid: int, label: str, wall_ns: int) -> None:
+        """Write another process's trace into this one (the fleet's actors): its events, as
+        `json.load` reads them, moved to process `pid` (named `label`, after what the other
+        trace called it), their async and flow ids made that process's own, and their times
+        moved onto this trace's clock by the wall clock at each trace's start (`wall_ns`: the
+        other trace's `Trace.wall_ns`; on one machine the clocks agree)."""
+        shift = (wall_ns - self.wall_ns) / 1000.0
+        for event in events:
+            moved = {**event, "pid": pid, "ts": event.get("ts", 0.0) + shift}
+            if "id" in moved:
+                moved["id"] = f"{pid}:{moved['id']}"
+            if moved.get("ph") == "M" and moved.get("name") == "process_name":
+                moved["args"] = {"name": f"{label}: {moved.get('args', {}).get('name', '')}"}
+            self.emit(moved)
 
     def bridge(self, pid: int, label: str, terminal: Iterable[str]) -> BridgeTrace:
         """The tracks of one bridge (process `pid`, named `label`)."""

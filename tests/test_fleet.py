@@ -51,6 +51,37 @@ def test_killed_actors_lose_nothing_and_duplicate_nothing(cluster: None) -> None
     assert ray.is_initialized()  # it used the running Ray and left it running
 
 
+def test_a_fleet_trace_holds_the_driver_and_every_returned_batch_each_a_process_of_its_own(
+    cluster: None, tmp_path: Path
+) -> None:
+    """The driver's batches are spans on one track per actor, kills are marked on them, and each
+    batch whose call returned brings its bridge's timeline as a process of its own, on the
+    driver's clock; the whole checks against the spec."""
+    from devbridge.spec import load
+    from devbridge.trace import check_trace
+
+    path = tmp_path / "fleet.json"
+    s = run_fleet(objects=120, workers=2, backend="fake", kill_every=50, batch=20, trace=str(path))
+    assert s.clean and s.kills == 2
+    events = json.loads(path.read_text())
+    assert check_trace(events, {(t.source, t.dest) for t in load().transitions}) == []
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names[0] == "fleet driver"
+    batches = sorted(n.split(", ")[2].split(":")[0] for pid, n in names.items() if pid)
+    returned = [e for e in events if e["ph"] == "e" and e.get("cat") == "batch" and e["args"]["ended"] == "delivered"]
+    assert len(batches) == len(returned) == 6  # one process per returned batch, 6 batches of 20
+    assert sorted(e["name"] for e in returned) == batches
+    assert set(batches) == {f"objects {k}..{k + 19}" for k in range(0, 120, 20)}
+    died = [e for e in events if e["ph"] == "e" and e.get("cat") == "batch" and e["args"]["ended"] == "its actor died"]
+    kills = [e for e in events if e["ph"] == "i" and e["name"].endswith("killed")]
+    assert len(died) == len(kills) == 2 and all(e["pid"] == 0 for e in died + kills)
+    end = max(e["ts"] for e in events if e["pid"] == 0)
+    for pid in (p for p in names if p):  # each batch's events lie within the driver's run, on its clock
+        stamps = [e["ts"] for e in events if e["pid"] == pid and e["ph"] != "M"]
+        assert stamps and min(stamps) >= 0 and max(stamps) <= end
+        assert any(e["pid"] == pid and e["ph"] == "B" for e in events)  # allocations' states are in it
+
+
 def test_a_batch_that_always_fails_is_tried_a_bounded_number_of_times(cluster: None) -> None:
     """A backend that fails nearly everything makes each worker give up (WorkerStalled); the
     batch is tried again on a live actor, then counted lost: the run ends, and says so."""

@@ -148,6 +148,40 @@ def test_a_trace_path_that_cannot_be_created_is_refused_before_any_backend_call(
     assert raised.value.rule == "ARG-1" and fake.calls == [] and not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize("command", [["demo", "--backend", "fake"], ["example", "--backend", "fake"], ["fleet"]])
+def test_a_trace_path_the_command_line_cannot_write_is_one_line_and_exit_2_before_any_work(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing"
+    assert main([*command, "--trace", str(missing / "t.json")]) == 2
+    says = f"--trace {str(missing / 't.json')!r}: cannot create a file in {str(missing)!r}"
+    assert capsys.readouterr().err == f"devbridge {command[0]}: error: {says}\n"
+    assert main([*command, "--trace", str(tmp_path)]) == 2  # a folder
+    assert capsys.readouterr().err == f"devbridge {command[0]}: error: --trace {str(tmp_path)!r} is a directory\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_including_another_process_trace_moves_it_to_its_own_process_and_onto_this_clock() -> None:
+    """What the fleet's driver does with each batch's timeline: a process of its own (named
+    after what the other trace called it), ids its own, times moved by the two starts."""
+    theirs = valid_trace()
+    out = io.StringIO()
+    ours = Trace(out)
+    ours.include(theirs, pid=7, label="actor 0", wall_ns=ours.wall_ns + 5_000_000)  # it started 5 ms later
+    ours.include(theirs, pid=8, label="actor 1", wall_ns=ours.wall_ns)
+    ours.close()
+    events = json.loads(out.getvalue())
+    assert check_trace(events, TRANSITIONS) == [] and len(events) == 2 * len(theirs)
+    first, second = events[: len(theirs)], events[len(theirs) :]
+    assert {e["pid"] for e in first} == {7} and {e["pid"] for e in second} == {8}
+    for moved, before in zip(first, theirs, strict=True):
+        assert moved["ts"] == pytest.approx(before["ts"] + 5000.0)
+        assert moved.get("id") == (None if "id" not in before else f"7:{before['id']}")
+    named = [e["args"]["name"] for e in first if e["ph"] == "M" and e["name"] == "process_name"]
+    original = [e["args"]["name"] for e in theirs if e["ph"] == "M" and e["name"] == "process_name"]
+    assert named == [f"actor 0: {original[0]}"] and len(original) == 1
+
+
 def valid_trace() -> list[dict[str, Any]]:
     out = io.StringIO()
     bridge, ring = Bridge(FakeBackend(), trace=out), HostRing(64)

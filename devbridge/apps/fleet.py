@@ -18,7 +18,11 @@ CPU per actor (and stops it at the end).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import itertools
+import json
 import os
 import time
 from collections import Counter, deque
@@ -29,6 +33,7 @@ from typing import Any
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, device_worker
 from devbridge.args import count, refuse
+from devbridge.trace import Trace
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
@@ -56,6 +61,9 @@ class BatchResult:
     seconds: float
     cpu_s: float  # CPU time of the actor's process (all its threads) while it ran the batch
     pid: int
+    #: with `trace`: the batch's timeline (its bridge's events) and the wall clock at its start
+    trace: list[dict[str, Any]] | None = None
+    trace_wall_ns: int = 0
 
 
 class DeviceActor:
@@ -72,12 +80,21 @@ class DeviceActor:
         """Its process id, once it is up (the backend opened)."""
         return os.getpid()
 
-    def run(self, ks: list[int]) -> BatchResult:
-        worker = device_worker(self.backend, ks, self.faults, self.restart_every, self.seed, self.seed + ks[0])
+    def run(self, ks: list[int], trace: bool = False) -> BatchResult:
+        """Run one batch; with `trace`, its timeline comes back with the result."""
+        out = io.StringIO()
+        timeline = Trace(out) if trace else None
+        worker = device_worker(
+            self.backend, ks, self.faults, self.restart_every, self.seed, self.seed + ks[0], timeline
+        )  # fmt: skip
         start, cpu = time.perf_counter(), time.process_time()
         worker.run()
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        return BatchResult(worker.tally, worker.restarts, seconds, cpu, os.getpid())
+        result = BatchResult(worker.tally, worker.restarts, seconds, cpu, os.getpid())
+        if timeline is not None:
+            timeline.close()
+            result.trace, result.trace_wall_ns = json.loads(out.getvalue()), timeline.wall_ns
+        return result
 
 
 @dataclass
@@ -122,11 +139,14 @@ def run_fleet(
     seed: int = 0,
     address: str | None = None,
     progress: Callable[[int], None] | None = None,
+    trace: str | None = None,
 ) -> FleetSummary:
     """`objects` synthetic objects over `workers` Ray actors (actor i on devices[i % len], by
     default `CPU:i` for tinygrad), in batches of `batch`. With `kill_every` K, each time K more
     objects are delivered one actor with a batch in flight is killed (`ray.kill`): its batch
-    goes to another actor and a new one takes its place."""
+    goes to another actor and a new one takes its place. With `trace` (a path), one timeline
+    of the run (devbridge.trace): the driver's batches and kills, and each batch's bridge as
+    its own process (the timeline of a batch whose actor died goes with it)."""
     check_demo(objects, faults, restart_every)
     check_fleet(workers, batch, kill_every)
     if devices is None:
@@ -134,20 +154,25 @@ def run_fleet(
     if not devices:
         refuse("devices must name at least one device")
     ray = ray_module()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            address=address,
-            num_cpus=None if address else workers,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="ERROR",
-        )
-    try:
-        return _drive(ray, objects, workers, backend, devices, kill_every, batch, faults, restart_every, seed, progress)
-    finally:
+    timeline = None if trace is None else Trace(trace)  # a path that cannot be made: ARG-1, before Ray starts
+    with contextlib.closing(timeline) if timeline is not None else contextlib.nullcontext():
+        started = not ray.is_initialized()
         if started:
-            ray.shutdown()
+            ray.init(
+                address=address,
+                num_cpus=None if address else workers,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+            )
+        try:
+            return _drive(
+                ray, objects, workers, backend, devices, kill_every, batch, faults, restart_every, seed, progress,
+                timeline,
+            )  # fmt: skip
+        finally:
+            if started:
+                ray.shutdown()
 
 
 def _drive(
@@ -162,8 +187,10 @@ def _drive(
     restart_every: int,
     seed: int,
     progress: Callable[[int], None] | None,
+    timeline: Trace | None = None,
 ) -> FleetSummary:
     remote = ray.remote(num_cpus=1, max_restarts=0)(DeviceActor)
+    marks = _Marks(timeline, [str(devices[i % len(devices)]) for i in range(workers)])
     where = [devices[i % len(devices)] for i in range(workers)]
 
     def spawn(slot: int) -> Any:
@@ -185,13 +212,15 @@ def _drive(
             if slot not in busy and queue:
                 ks = queue.popleft()
                 attempts[ks[0]] += 1
-                running[actors[slot].run.remote(ks)] = (slot, ks)
+                running[actors[slot].run.remote(ks, timeline is not None)] = (slot, ks)
+                marks.given(slot, ks)
         done, _ = ray.wait(list(running), num_returns=1)  # blocks until a call ends
         for call in done:
             slot, ks = running.pop(call)
             try:
                 result: BatchResult = ray.get(call)
             except ray.exceptions.RayActorError:  # the actor died: its batch goes to another one
+                marks.ended(slot, ks, "its actor died")
                 actors[slot] = spawn(slot)
                 replaced += 1
                 runs[slot].killed += 1
@@ -200,10 +229,12 @@ def _drive(
                     redelivered += len(ks)
                 continue
             except ray.exceptions.RayTaskError:  # the worker gave up (WorkerStalled): another try
+                marks.ended(slot, ks, "its worker gave up")
                 if attempts[ks[0]] < ATTEMPTS:
                     queue.append(ks)
                 continue
             tally.add(result.tally)
+            marks.ended(slot, ks, "delivered", result)
             restarts += result.restarts
             run = runs[slot]
             run.batches += 1
@@ -216,6 +247,7 @@ def _drive(
             busy = {slot for slot, _ in running.values()}
             victim = next(s for s in [*range(victim + 1, workers), *range(victim + 1)] if s in busy)  # in turn
             ray.kill(actors[victim], no_restart=True)
+            marks.killed(victim)
             kills += 1
             next_kill += kill_every
     seconds = time.perf_counter() - start
@@ -232,3 +264,40 @@ def _drive(
         restarts=restarts,
         actors=runs,
     )
+
+
+class _Marks:
+    """The driver's part of a fleet trace: process 0, a track per actor slot with each batch as
+    a span from given to returned, kills as instants; each returned batch's own timeline goes
+    in as a process of its own. Does nothing without a trace."""
+
+    def __init__(self, trace: Trace | None, devices: list[str]) -> None:
+        self.trace, self.batches, self.pids = trace, itertools.count(), itertools.count(1)
+        self.open: dict[tuple[int, int], int] = {}  # (slot, first object) -> the batch span's id
+        if trace is not None:
+            trace.emit({"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "fleet driver"}})
+            for slot, device in enumerate(devices):
+                name = {"name": f"actor {slot} ({device})"}
+                trace.emit({"ph": "M", "name": "thread_name", "pid": 0, "tid": slot + 1, "args": name})
+
+    def given(self, slot: int, ks: list[int]) -> None:
+        if self.trace is not None:
+            self.open[slot, ks[0]] = n = next(self.batches)
+            name = f"objects {ks[0]}..{ks[-1]}"
+            self.trace.emit({"ph": "b", "id": f"batch {n}", "cat": "batch", "name": name, "pid": 0, "tid": slot + 1})
+
+    def ended(self, slot: int, ks: list[int], how: str, result: BatchResult | None = None) -> None:
+        if self.trace is None:
+            return
+        n = self.open.pop((slot, ks[0]))
+        name = f"objects {ks[0]}..{ks[-1]}"
+        event = {"ph": "e", "id": f"batch {n}", "cat": "batch", "name": name, "pid": 0, "tid": slot + 1}
+        self.trace.emit({**event, "args": {"ended": how}})
+        if result is not None and result.trace is not None:
+            label = f"actor {slot}, process {result.pid}, {name}"
+            self.trace.include(result.trace, pid=next(self.pids), label=label, wall_ns=result.trace_wall_ns)
+
+    def killed(self, slot: int) -> None:
+        if self.trace is not None:
+            name = f"actor {slot} killed"
+            self.trace.emit({"ph": "i", "s": "p", "name": name, "cat": "fault", "pid": 0, "tid": slot + 1})
