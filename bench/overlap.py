@@ -27,7 +27,7 @@ import time
 from devbridge.apps.worker import Shapes, Worker
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.bench.pipeline import UserTensors
+from devbridge.bench.pipeline import UserTensors, user_pipeline
 
 
 def serial(shapes: Shapes, objects: int, device: str, compute: bool = True) -> float:
@@ -49,15 +49,7 @@ def serial(shapes: Shapes, objects: int, device: str, compute: bool = True) -> f
 
 def user(shapes: Shapes, objects: int, device: str) -> float:
     """Seconds for the user's pipeline: no waits but `_copyout`'s own."""
-    t = UserTensors(objects, device, shapes)
-    start = time.perf_counter()
-    for k in range(objects):
-        t.copy_in(k)
-        t.step(t.x, t.y)
-        t.copy_out()
-    seconds = time.perf_counter() - start
-    t.check()
-    return seconds
+    return objects / user_pipeline(objects, device=device, shapes=shapes)
 
 
 def worker(shapes: Shapes, objects: int, device: str) -> float:
