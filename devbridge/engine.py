@@ -37,6 +37,7 @@ from devbridge.events import ComputeEvent, CopyEvent, Event, Link
 from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange
 from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
+from devbridge.stats import Holder
 from devbridge.trace import BridgeTrace
 from devbridge.types import (
     DeviceHandle,
@@ -353,11 +354,13 @@ class Engine:
         a time: a log handler may call back and release one."""
         while (overdue := self._core.overdue(time.monotonic(), self.pending_warning_s)) is not None:
             record, waited = overdue
-            kinds = Counter(use.kind for use in self._core.dependents(record.id))
+            uses = sorted(self._core.dependents(record.id), key=lambda use: use.id)
+            kinds = Counter(use.kind for use in uses)
             log.warning(
                 "allocation #%d (%s, role %s) is %s after %.0f s; still in use by %s",
                 record.id, record.spec.name, record.spec.role, record.state, waited,
-                ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing",
+                (", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing")
+                + (f" ({'; '.join(str(holder(use)) for use in uses)})" if uses else ""),
             )  # fmt: skip
 
     def _release(self, record: Allocation) -> str | None:
@@ -373,6 +376,12 @@ class Engine:
         self._counts["backend_frees"] += 1
         self._memory.released(record.spec.role, record.extent, failed=False)
         return None
+
+
+def holder(use: InFlight) -> Holder:
+    """A use in flight as `pins(h).uses` names it."""
+    after = tuple(sorted(use.after or ()))
+    return Holder(use.kind, use.id, use.span, bool(after), after, use.open)
 
 
 class _Execution:

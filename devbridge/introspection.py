@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from devbridge.args import flag
 from devbridge.backends.base import BackendError
+from devbridge.engine import Engine, holder
 from devbridge.errors import (
     BackendFailureError,
     short,
@@ -20,11 +20,6 @@ from devbridge.types import (
     DeviceHandle,
 )
 
-if TYPE_CHECKING:
-    pass
-
-from devbridge.engine import Engine
-
 
 class Introspection(Engine):
     """The Bridge's answers about itself."""
@@ -32,7 +27,9 @@ class Introspection(Engine):
     def pins(self, handle: DeviceHandle, *, holders: bool = False) -> Pins:
         """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
         (input and output copies, compute events, live views: a view counts while any tinygrad
-        object can reach its memory), and how long a deferred release has waited.
+        object can reach its memory) and each of them by name (`uses`: kind, use_id, byte
+        range, the uses a held copy waits for, an open compute block), and how long a deferred
+        release has waited.
 
         Args:
             handle: a handle this bridge issued (freed or of an old generation included).
@@ -62,6 +59,7 @@ class Introspection(Engine):
                 computes=kinds["compute"],
                 views=kinds["view"],
                 waiting_s=self._core.waited(key[0], time.monotonic()),
+                uses=tuple(holder(use) for use in sorted(uses, key=lambda use: use.id)),
             )
         if not census:
             return pins

@@ -92,6 +92,24 @@ class Stats(_DictAccess):
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """One use that holds an allocation (PIN-1): an event in flight, a copy held back behind
+    earlier uses, or a live view. `str()` names it in one phrase, as the PIN-1 warning does."""
+
+    kind: str  #: "copy_in", "copy_out", "compute" or "view"
+    use_id: int  #: the use's number: its event's `use_id` (a view has none of its own to show)
+    range: tuple[int, int] | None  #: the allocation's bytes [start, stop) a copy touches; None: all
+    held: bool  #: a copy held back behind the uses in `follows` (ORDER-1): not on the device yet
+    follows: tuple[int, ...]  #: the use_ids a held copy waits for, oldest first
+    open: bool  #: a compute whose `with` block is still open
+
+    def __str__(self) -> str:
+        where = "" if self.range is None else f" bytes {self.range[0]}..{self.range[1]}"
+        behind = f" held behind {', '.join(f'#{n}' for n in self.follows)}" if self.held else ""
+        return f"{self.kind} #{self.use_id}{where}{behind}{' (block open)' if self.open else ''}"
+
+
+@dataclass(frozen=True, slots=True)
 class Pins(_DictAccess):
     """What keeps one allocation in use (PIN-1)."""
 
@@ -104,6 +122,8 @@ class Pins(_DictAccess):
     #: with `pins(h, holders=True)`, on a backend that can tell: what still reaches the views'
     #: memory, by kind ("views", "derived", "grads", "jit"); empty otherwise
     holders: Mapping[str, int] = field(default_factory=dict)
+    #: each use that holds it, oldest first: kind, use_id, byte range, held behind what, block open
+    uses: tuple[Holder, ...] = ()
 
 
 #: Stats' fields that read the bridge's state now; the others are counters it keeps.

@@ -137,7 +137,7 @@ SCRIPT_HEADER = [
     "",
     "",
     "def pins(bridge, h):",
-    "    return {k: v for k, v in bridge.pins(h).as_dict().items() if k not in ('waiting_s', 'holders')}",
+    "    return {k: v for k, v in bridge.pins(h).as_dict().items() if k not in ('waiting_s', 'holders', 'uses')}",
     "",
     "",
 ]
@@ -802,6 +802,15 @@ class Lockstep:
         got = self.bridge.pins(h).as_dict()
         waited = got.pop("waiting_s")
         agree(got.pop("holders") == {}, "pins", "holders named without a census")
+        uses = got.pop("uses")
+        named = Counter(use["kind"] for use in uses)
+        by_kind = {"copy_in": "copies_in", "copy_out": "copies_out", "compute": "computes", "view": "views"}
+        agree(
+            all(named[kind] == expected[field] for kind, field in by_kind.items()) and len(uses) == sum(named.values()),
+            "pins", f"pins of #{h.id} name {[use['kind'] for use in uses]}, the model counts {expected}",
+        )  # fmt: skip
+        distinct = len({use["use_id"] for use in uses}) == len(uses)
+        agree(distinct and all(use["held"] == bool(use["follows"]) for use in uses), "pins", f"#{h.id}: uses {uses}")
         agree(list(got) == list(PIN_KEYS), "pins", f"pins keys {list(got)}")
         agree(got == expected, "pins", f"pins of #{h.id}: {got}, the model says {expected}")
         agree(type(waited) is float and waited >= 0, "pins", f"waited {waited!r}")

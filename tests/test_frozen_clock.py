@@ -72,6 +72,8 @@ def test_a_release_pending_for_zero_seconds_is_logged_on_the_first_poll(
         bridge.free_device(h)
         bridge.poll()
     messages = [r.getMessage() for r in caplog.records if r.name == "devbridge"]
-    assert messages == ["allocation #0 (blob, role data) is free_pending after 0 s; still in use by 1 copy_in"]
+    assert messages == [
+        "allocation #0 (blob, role data) is free_pending after 0 s; still in use by 1 copy_in (copy_in #0 bytes 0..4)"
+    ]
     fake.complete(ev)
     assert bridge.state(h) == "freed"

@@ -31,7 +31,11 @@ def test_stats_and_pins_are_frozen_dataclasses_whose_dicts_are_json(bridge: Brid
     )
     assert pins.as_dict() == {
         "state": "copying", "copies_in": 1, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0, "holders": {},
+        "uses": ({"kind": "copy_in", "use_id": 0, "range": (0, 16), "held": False, "follows": (), "open": False},),
     }  # fmt: skip
+    assert json.loads(json.dumps(pins.as_dict()))["uses"] == [
+        {"kind": "copy_in", "use_id": 0, "range": [0, 16], "held": False, "follows": [], "open": False}
+    ]
     assert json.loads(json.dumps(stats.as_dict())) == stats.as_dict()
     assert tuple(stats.as_dict()) == LIVE + COUNTED and len(set(COUNTED)) == len(COUNTED) == 17
     with pytest.raises(dataclasses.FrozenInstanceError):

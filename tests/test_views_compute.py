@@ -20,6 +20,7 @@ from devbridge import (
     TensorViewSpec,
 )
 from devbridge.backends.fake import Call, FakeBackend
+from devbridge.stats import Holder
 
 
 def floats(*values: float) -> bytes:
@@ -159,7 +160,7 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     h = bridge.alloc_device(U8, 32)
     assert bridge.pins(h).as_dict() == {
         "state": "allocated", "copies_in": 0, "copies_out": 0, "computes": 0, "views": 0, "waiting_s": 0.0,
-        "holders": {},
+        "holders": {}, "uses": (),
     }  # fmt: skip
     ev = bridge.compute(h)
     up = bridge.host_to_device(put(ring, b"pinned!!"), DeviceRange(h, 0, 8), sync=False)  # held: ORDER-1
@@ -168,13 +169,33 @@ def test_pins_say_what_keeps_an_allocation_in_use(bridge: Bridge, fake: FakeBack
     derived = view.reshape(4)
     del view
     pins = bridge.pins(h)
-    assert {k: v for k, v in pins.as_dict().items() if k != "waiting_s"} == {
+    assert {k: v for k, v in pins.as_dict().items() if k not in ("waiting_s", "uses")} == {
         "state": "copying_computing", "copies_in": 1, "copies_out": 1, "computes": 1, "views": 1, "holders": {},
     }  # fmt: skip
     assert pins.waiting_s == 0.0
+    # each by name: the compute, the two copies held behind it with their byte ranges, the view
+    assert [ev.use_id, up.use_id, down.use_id] == [0, 1, 2]
+    assert pins.uses == (
+        Holder("compute", 0, None, False, (), False),
+        Holder("copy_in", 1, (0, 8), True, (0,), False),
+        Holder("copy_out", 2, (16, 24), True, (0,), False),
+        Holder("view", 3, None, False, (), False),
+    )
+    assert [str(u) for u in pins.uses] == [
+        "compute #0", "copy_in #1 bytes 0..8 held behind #0", "copy_out #2 bytes 16..24 held behind #0", "view #3",
+    ]  # fmt: skip
+    assert pins.as_dict()["uses"][1] == {
+        "kind": "copy_in", "use_id": 1, "range": (0, 8), "held": True, "follows": (0,), "open": False,
+    }  # fmt: skip
+    fake.complete(ev)  # the compute ends: both copies are launched, on the device now
+    assert [(u.kind, u.held, u.follows) for u in bridge.pins(h).uses] == [
+        ("copy_in", False, ()), ("copy_out", False, ()), ("view", False, ()),
+    ]  # fmt: skip
+    with bridge.compute(h) as block:  # waits for both copies first (ORDER-1: the fake runs them)
+        assert up.done() and down.done()
+        assert [str(u) for u in bridge.pins(h).uses] == ["view #3", f"compute #{block.use_id} (block open)"]
+    fake.complete(block)
     bridge.free_device(h)
-    for event in (ev, up, down):
-        fake.complete(event)
     pins = bridge.pins(h)
     assert (pins.state, pins.views, pins.computes) == ("free_pending", 1, 0)
     assert isinstance(pins.waiting_s, float) and pins.waiting_s >= 0.0
@@ -198,7 +219,7 @@ def test_a_release_still_waiting_is_logged_once_with_its_spec_name(
     assert [r.getMessage().split(" after ")[0] for r in caplog.records] == [
         "allocation #0 (kv-cache, role state) is free_pending"
     ]
-    assert caplog.records[0].getMessage().endswith("still in use by 1 view")
+    assert caplog.records[0].getMessage().endswith("still in use by 1 view (view #0)")
     assert "free" not in fake.ops()
     del lazy
     assert bridge.poll() == 1 and fake.ops() == ["alloc", "view", "free"]
