@@ -4,9 +4,10 @@
 with its lifecycle states as spans (the spec's names, a terminal state as an instant), one
 device-queue track with each copy, compute and view as an async span from its begin to its end
 (kind, allocations, byte range, bytes; a held use's args name what it follows, and flow arrows
-run from those to its launch), synchronous copies that finished on submission as instants,
-restarts as global instants, failures marked, and device bytes in use and each ring's occupied
-bytes as counters. Timestamps are microseconds of one monotonic clock since the trace opened.
+run from those to its launch, drawn as it launches: a held use a restart aborts has none),
+synchronous copies that finished on submission as instants, restarts as global instants,
+failures marked, and device bytes in use and each ring's occupied bytes as counters.
+Timestamps are microseconds of one monotonic clock since the trace opened.
 
 The writer streams: each event is written as it happens, and nothing is kept but the state of
 each live allocation and the held uses, so a run of any length traces in flat memory. The file
@@ -140,7 +141,7 @@ class BridgeTrace:
     def __init__(self, trace: Trace, pid: int, terminal: frozenset[str]) -> None:
         self.trace, self.pid, self.terminal = trace, pid, terminal
         self._states: dict[int, str] = {}  # live allocation -> its state's open span
-        self._held: dict[int, tuple[int, ...]] = {}  # held use -> the uses it follows
+        self._held: dict[int, tuple[tuple[int, ...], float]] = {}  # held use -> (what it follows, when it began)
         self._open: dict[int, str] = {}  # use in flight -> its kind
 
     def _emit(self, tid: int, **event: Any) -> None:
@@ -172,21 +173,23 @@ class BridgeTrace:
         args: dict[str, Any] = {"allocations": list(use.allocations)}
         if use.span is not None:
             args["range"], args["bytes"] = list(use.span), use.span[1] - use.span[0]
+        now = self.trace.now()
         if use.after:
             args["follows"] = sorted(use.after)
-            self._held[use.id] = tuple(sorted(use.after))
-            for earlier in self._held[use.id]:
-                self._emit(QUEUE_TID, ph="s", id=f"{earlier}>{use.id}", name="follows", cat="order")
+            self._held[use.id] = (tuple(args["follows"]), now)  # its arrows are drawn as it launches
         self._open[use.id] = use.kind
-        self._emit(QUEUE_TID, ph="b", id=use.id, cat=use.kind, name=f"{use.kind} #{use.id}", args=args)
+        self._emit(QUEUE_TID, ph="b", id=use.id, cat=use.kind, name=f"{use.kind} #{use.id}", args=args, ts=now)
         self._ring(use)
 
     def submitted(self, use: InFlight) -> None:
         """A use reached the backend: a held one is launched now."""
-        for earlier in self._held.pop(use.id, ()):
-            self._emit(QUEUE_TID, ph="f", bp="e", id=f"{earlier}>{use.id}", name="follows", cat="order")
+        follows, began = self._held.pop(use.id, ((), 0.0))
+        now = self.trace.now()
+        for earlier in follows:  # an arrow from each use it followed, from when it began to now
+            self._emit(QUEUE_TID, ph="s", id=f"{earlier}>{use.id}", name="follows", cat="order", ts=began)
+            self._emit(QUEUE_TID, ph="f", bp="e", id=f"{earlier}>{use.id}", name="follows", cat="order", ts=now)
         if use.after is not None:
-            self._emit(QUEUE_TID, ph="n", id=use.id, cat=use.kind, name="launched")
+            self._emit(QUEUE_TID, ph="n", id=use.id, cat=use.kind, name="launched", ts=now)
 
     def ended(self, use: InFlight, ok: bool) -> None:
         """A use ended, or failed (marked)."""

@@ -78,11 +78,29 @@ def test_a_held_copy_shows_what_it_follows_and_an_arrow_to_its_launch() -> None:
     assert flow == [("s", "0>1"), ("f", "0>1")]
     held = [e for e in events if e["ph"] in "ben" and e.get("id") == 1]
     assert [e["ph"] for e in held] == ["b", "n", "e"] and held[0]["args"]["follows"] == [0]
+    start, end = (e for e in events if e["ph"] in "sf")  # from when it began to its launch
+    assert start["ts"] == held[0]["ts"] and end["ts"] == held[1]["ts"]
     ends = [e["args"] for e in events if e["ph"] == "e"]
     assert ends == [{"ok": True}, {"ok": True}]  # each ended as it did, not left for close() to end
     assert [e["args"] for e in events if e["ph"] == "b" and e["id"] == 0] == [
         {"allocations": [0], "range": [0, 8], "bytes": 8}
     ]
+
+
+def test_a_held_copy_a_restart_aborts_leaves_no_arrow_unfinished() -> None:
+    fake, out = FakeBackend(), io.StringIO()
+    bridge, ring = Bridge(fake, trace=out), HostRing(64)
+    h = bridge.alloc_device(U8, 8)
+    bridge.host_to_device(ring.reserve(8), DeviceRange(h, 0, 8), sync=False)
+    held = bridge.device_to_host(DeviceRange(h, 0, 8), ring.reserve(8), sync=False)
+    assert held.backend_token is None  # held behind the upload (ORDER-1)
+    bridge.restart()  # aborts the held copy before it ever launched
+    fake.complete_all()
+    bridge.close_trace()
+    events = json.loads(out.getvalue())
+    assert check_trace(events, TRANSITIONS) == []
+    assert [e for e in events if e["ph"] in "sf"] == []  # no arrow begun and left without its end
+    assert [e["args"] for e in events if e["ph"] == "e" and e["id"] == held.use_id] == [{"ok": False}]
 
 
 def test_a_copy_done_on_submission_draws_both_steps_of_the_spec() -> None:
