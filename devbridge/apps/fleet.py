@@ -190,8 +190,8 @@ def _drive(
     timeline: Trace | None = None,
 ) -> FleetSummary:
     remote = ray.remote(num_cpus=1, max_restarts=0)(DeviceActor)
-    marks = _Marks(timeline, [str(devices[i % len(devices)]) for i in range(workers)])
     where = [devices[i % len(devices)] for i in range(workers)]
+    marks = _Marks(timeline, [str(device) for device in where])
 
     def spawn(slot: int) -> Any:
         return remote.remote(backend, where[slot], faults, restart_every, seed)
