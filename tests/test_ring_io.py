@@ -162,7 +162,8 @@ def test_array_is_read_only_while_an_input_copy_reads_and_refused_until_an_outpu
 @pytest.mark.rejects("ARG-1")
 @pytest.mark.parametrize(
     ("dtype", "shape"),
-    [("nope", None), (object, None), ("V0", None), (None.__class__, None), ("f4", [2, True]), ("f4", (-1, -2)),
+    [("nope", None), (object, None), (object(), None), (None, None), ("V0", None), (None.__class__, None),
+     ("f4", [2, True]), ("f4", (-1, -2)),
      ("f4", 2.0), ("f4", [[2, 1]]), ("f4", "2")],
 )  # fmt: skip
 def test_array_refuses_what_is_not_a_dtype_of_fixed_items_or_a_shape(dtype: object, shape: object) -> None:
@@ -262,6 +263,21 @@ def test_a_blocked_reserve_gives_up_at_its_timeout_with_nothing_reserved() -> No
 def test_reserve_refuses_a_timeout_that_is_not_none_or_seconds(timeout: object) -> None:
     ring = HostRing(16)
     unchanged(ring, lambda: ring.reserve(4, timeout=timeout), "ARG-1")  # type: ignore[arg-type]
+
+
+@pytest.mark.holds("RING-2")
+@pytest.mark.parametrize("timeout", [1.0, 1, 30.0])
+def test_a_reserve_given_seconds_waits_for_room_whatever_the_seconds(timeout: float) -> None:
+    """Only a timeout of 0 refuses at once: one of exactly 1 s (a float or an int) waits too."""
+    ring = HostRing(16)
+    first = ring.reserve(16)
+    thread, out = blocked_reserve(ring, 8, timeout)
+    thread.join(0.05)
+    assert thread.is_alive() and out == []  # waiting, not refused
+    ring.release(first)
+    thread.join(10)
+    (r,) = out
+    assert isinstance(r, HostRange) and (r.start, r.nbytes) == (16, 8)
 
 
 def test_reserve_takes_an_infinite_timeout_and_numpy_seconds() -> None:
