@@ -250,7 +250,7 @@ def holders(buffer: Buffer) -> dict[str, int]:
     def reaches(root: UOp) -> bool:
         return any(u.op is Ops.BUFFER and buffers.get(u) is buffer for u in root.toposort())
 
-    counts = {"views": 0, "derived": 0, "grads": 0, "jit": 0}
+    counts = {"views": 0, "derived": 0, "grads": 0}
     live = [t for ref in list(all_tensors) if (t := ref()) is not None]
     grads = {id(t.grad) for t in live if t.grad is not None}
     for t in live:

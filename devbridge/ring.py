@@ -121,11 +121,9 @@ class HostRing:
         if n > self.capacity:
             raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
         with self._lock:
-            pos = self._head % self.capacity
-            at = self._head if pos + n <= self.capacity else self._head + self.capacity - pos
-            # Bytes skipped at a lap's end are free: with nothing unreleased, the whole ring is.
-            fits = not self._starts or at + n - self._starts[0] <= self.capacity
-            start = at if fits else None if wait == 0 else self._wait_for_room(n, wait)
+            start = self._fit(n)
+            if start is None and wait != 0:
+                start = self._wait_for_room(n, wait)
             if start is None:
                 raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {self._largest_free()} B")
             self._starts.append(start)

@@ -86,6 +86,25 @@ def test_a_backend_that_cannot_tell_leaves_the_census_empty_and_a_failing_one_is
     assert FaultyBackend(TinygradBackend("CPU")).holders  # the wrapper passes the census on
 
 
+def test_a_census_that_tinygrad_breaks_is_a_backend_failure_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's internals moved (its table of live tensors cannot be read): the census is
+    FAULT-1, naming the device, and the allocation is as it was."""
+    import tinygrad.tensor
+
+    class Moved(type(tinygrad.tensor.all_tensors)):  # type: ignore[misc]  # tensors still come and go
+        def __iter__(self) -> object:
+            raise RuntimeError("all_tensors moved")
+
+    bridge = Bridge(TinygradBackend("CPU"))
+    h, w = weights(bridge)
+    state = bridge.state(h)
+    monkeypatch.setattr(tinygrad.tensor, "all_tensors", Moved(tinygrad.tensor.all_tensors))
+    with pytest.raises(BackendFailureError, match="CPU: cannot tell what holds the view: all_tensors moved") as e:
+        bridge.pins(h, holders=True)
+    assert e.value.rule == "FAULT-1" and bridge.pins(h).views == 1 and bridge.state(h) == state
+    del w
+
+
 def test_the_demos_pins_report_names_what_still_holds_each_allocation_at_the_end(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

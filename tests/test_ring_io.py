@@ -259,7 +259,7 @@ def test_a_blocked_reserve_gives_up_at_its_timeout_with_nothing_reserved() -> No
 
 
 @pytest.mark.rejects("ARG-1")
-@pytest.mark.parametrize("timeout", [-1, -0.5, math.nan, True, "1", [1], object()])
+@pytest.mark.parametrize("timeout", [-1, -0.5, math.nan, True, False, "1", [1], object()])
 def test_reserve_refuses_a_timeout_that_is_not_none_or_seconds(timeout: object) -> None:
     ring = HostRing(16)
     unchanged(ring, lambda: ring.reserve(4, timeout=timeout), "ARG-1")  # type: ignore[arg-type]
@@ -278,6 +278,63 @@ def test_a_reserve_given_seconds_waits_for_room_whatever_the_seconds(timeout: fl
     thread.join(10)
     (r,) = out
     assert isinstance(r, HostRange) and (r.start, r.nbytes) == (16, 8)
+
+
+@pytest.mark.holds("RING-2")
+def test_a_restore_that_makes_room_wakes_a_blocked_reserve() -> None:
+    """`restore` can free the whole ring at once (a model checker going back to a state): a
+    reserve asleep for room wakes to it, as it does to a release."""
+    ring = HostRing(16)
+    empty = ring.state()
+    ring.reserve(16)
+    thread, out = blocked_reserve(ring, 8, None)
+    ring.restore(empty)
+    thread.join(10)
+    (r,) = out
+    assert isinstance(r, HostRange) and (r.start, r.nbytes) == (0, 8)
+
+
+@pytest.mark.holds("RING-2")
+def test_a_reserve_whose_deadline_is_reached_exactly_gives_up_without_another_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `timeout` seconds passed to the tick (a coarse clock), the reserve is refused at
+    once: the clock is read twice, for the deadline and for what is left, and never again."""
+    import devbridge.ring
+
+    ticks = iter([100.0, 101.0])
+
+    def clock() -> float:
+        tick = next(ticks, None)
+        assert tick is not None, "the clock was read after the deadline was reached"
+        return tick
+
+    ring = HostRing(16)
+    ring.reserve(16)
+    before = ring.snapshot()
+    monkeypatch.setattr(devbridge.ring, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+    with refused("RING-2"):
+        ring.reserve(8, timeout=1.0)
+    assert ring.snapshot() == before and ring._waiting == 0
+
+
+@pytest.mark.holds("RING-2")
+def test_a_blocked_reserve_that_wraps_at_the_lap_end_fits_once_the_oldest_is_released() -> None:
+    """Past the lap's end a reservation starts at the next lap (the skipped bytes are free):
+    asleep for room, it wakes to a place the first reserve would have taken."""
+    ring = HostRing(16)
+    a, b = ring.reserve(6), ring.reserve(6)
+    ring.release(a)
+    c = ring.reserve(6)  # 12..18 does not fit the lap: starts at 16, the next lap's 0
+    assert (c.start, ring.snapshot()[0]) == (16, 22)
+    thread, out = blocked_reserve(ring, 8, None)  # 22 + 8 - 6 > 16: waits for b
+    ring.release(b)
+    thread.join(10)
+    (r,) = out
+    assert isinstance(r, HostRange) and (r.start, r.nbytes) == (22, 8)
+    ring.release(c)
+    ring.release(r)
+    assert ring.reserve(10).start == 32  # 30 + 10 crosses the lap's end: the next lap's 0
 
 
 def test_reserve_takes_an_infinite_timeout_and_numpy_seconds() -> None:

@@ -243,6 +243,26 @@ def test_wait_any_on_a_fake_that_does_not_run_waited_work_times_out(ring: HostRi
     assert not a.done() and [e.pending for e in hung.pending()] == [True, True]
 
 
+def test_wait_any_asks_a_driven_backend_without_a_timeout_of_its_own(ring: HostRing) -> None:
+    """wait_any keeps its own deadline: the backend it drives is asked to wait 0 s (the fake
+    runs the work at once), never for a time of the backend's choosing."""
+
+    class Timed(FakeBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waited: list[float | None] = []
+
+        def wait(self, token: object, timeout: float | None) -> bool:
+            self.waited.append(timeout)
+            return super().wait(token, timeout)
+
+    timed = Timed()
+    bridge = Bridge(timed)
+    a, b = two_copies(bridge, ring)
+    assert bridge.wait_any([a, b], timeout=5) is a
+    assert timed.waited == [0] and not b.done()
+
+
 def test_only_a_backend_that_says_true_is_driven_and_the_faulty_wrapper_passes_it_on(ring: HostRing) -> None:
     from devbridge.testing import FaultyBackend
 
