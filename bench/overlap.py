@@ -8,14 +8,15 @@ outputs), the same MLP as the demo. Four runs of the same objects, interleaved, 
 - uploads alone: the serial run's `_copyin` and wait, nothing else (what there is to hide);
 - the user's pipeline: `_copyin`, the jitted MLP, `_copyout`, with no waits of its own (the
   device's queue orders them);
-- the reference worker: asynchronous uploads of the next objects while one computes.
+- the reference worker: asynchronous uploads of the next objects while one computes, one
+  object per upload, compute and download (`--batch 1`) and `--batch B` of them at a time.
 
 The overlap fraction is the share of the upload time the worker saves against the serial
 run, (serial - worker) / uploads, within [0, 1]: 1 when every upload is hidden behind other
 work, 0 when nothing is gained; the time saved per object is printed beside it (more than
 the uploads when the serial run's waits cost more than the uploads themselves).
 
-    python bench/overlap.py [--device CL] [--objects 200] [--rounds 3] [--rows 4096]
+    python bench/overlap.py [--device CL] [--objects 200] [--rounds 3] [--rows 4096] [--batch 4]
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def user(shapes: Shapes, objects: int, device: str) -> float:
     return objects / user_pipeline(objects, device=device, shapes=shapes)
 
 
-def worker(shapes: Shapes, objects: int, device: str) -> float:
-    """Seconds for the reference worker (every output checked against numpy)."""
-    run = Worker(TinygradBackend(device), objects, shapes=shapes, ring_objects=16)
+def worker(shapes: Shapes, objects: int, device: str, batch: int = 1) -> float:
+    """Seconds for the reference worker, `batch` objects per upload, compute and download (every
+    output checked against numpy)."""
+    run = Worker(TinygradBackend(device), objects, shapes=shapes, ring_objects=16, batch=batch)
     start = time.perf_counter()
     run.run()
     seconds = time.perf_counter() - start
@@ -69,28 +71,32 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=4096, help="rows of 64 float32 per input (default 4096: 1 MiB)")
+    parser.add_argument("--batch", type=int, default=4, help="the batched worker's objects per call (default 4)")
     args = parser.parse_args()
     shapes = Shapes(rows=args.rows)
-    runs: dict[str, list[float]] = {"serial": [], "uploads": [], "user": [], "worker": []}
+    n, device, b = args.objects, args.device, args.batch
+    runs: dict[str, list[float]] = {"serial": [], "uploads": [], "user": [], "worker": [], "batched": []}
     for _ in range(2):  # warm-up: kernels compiled, the allocator's cache full
-        serial(shapes, 4, args.device), user(shapes, 4, args.device), worker(shapes, 4, args.device)
+        serial(shapes, 4, device), user(shapes, 4, device), worker(shapes, 4, device), worker(shapes, b, device, b)
     for _ in range(args.rounds):
-        runs["serial"].append(serial(shapes, args.objects, args.device))
-        runs["worker"].append(worker(shapes, args.objects, args.device))
-        runs["uploads"].append(serial(shapes, args.objects, args.device, compute=False))
-        runs["user"].append(user(shapes, args.objects, args.device))
-    s, u, p, w = (statistics.median(runs[k]) for k in ("serial", "uploads", "user", "worker"))
-    n = args.objects
+        runs["serial"].append(serial(shapes, n, device))
+        runs["worker"].append(worker(shapes, n, device))
+        runs["uploads"].append(serial(shapes, n, device, compute=False))
+        runs["user"].append(user(shapes, n, device))
+        runs["batched"].append(worker(shapes, n, device, b))
+    s, u, p, w, wb = (statistics.median(runs[k]) for k in ("serial", "uploads", "user", "worker", "batched"))
     kib_in, kib_out = shapes.rows * shapes.d_in * 4 >> 10, shapes.rows * shapes.d_out * 4 >> 10
-    print(f"{n} objects of {kib_in} KiB in, {kib_out} KiB out, device {args.device}, {args.rounds} rounds (medians)")
+    print(f"{n} objects of {kib_in} KiB in, {kib_out} KiB out, device {device}, {args.rounds} rounds (medians)")
     for name, seconds in (("serial (each step waited for)", s), ("uploads alone", u), ("user's pipeline", p),
-                          ("reference worker", w)):  # fmt: skip
+                          ("reference worker --batch 1", w), (f"reference worker --batch {b}", wb)):  # fmt: skip
         print(f"{name:<32} {seconds * 1e3 / n:8.3f} ms per object   {n / seconds:8.1f} objects/s")
-    print(f"worker / serial: {s / w:.2f}x as fast   worker / user's pipeline: {p / w:.2f}x as fast")
-    saved = (s - w) / n
-    fraction = min(1.0, max(0.0, (s - w) / u))
-    print(f"overlap fraction: {fraction:.2f} of the upload time hidden (1: all, 0: none): the worker saves")
-    print(f"{saved * 1e3:.3f} ms per object against the serial run; the uploads take {u * 1e3 / n:.3f} ms")
+    for name, seconds in (("--batch 1", w), (f"--batch {b}", wb)):
+        fraction = min(1.0, max(0.0, (s - seconds) / u))
+        print(
+            f"worker {name}: {s / seconds:.2f}x as fast as serial, {p / seconds:.2f}x the user's pipeline; "
+            f"overlap fraction {fraction:.2f} of the upload time hidden (1: all, 0: none), "
+            f"{(s - seconds) * 1e3 / n:.3f} ms per object saved against serial (uploads take {u * 1e3 / n:.3f} ms)"
+        )
 
 
 if __name__ == "__main__":

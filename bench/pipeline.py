@@ -8,7 +8,9 @@ The six-argument pipeline (a second, labelled row): the same with every tensor p
 JIT, weights included, over zero-copy views made as the bridge makes them. Worker:
 `devbridge.apps.worker.run_demo` (producer thread, rings, the bridge, pooled slots,
 asynchronous copies, every output checked against numpy). Rounds alternate; medians.
-Goal: worker/user >= 0.8.
+Both also run batched: the worker with `--batch B` (B objects per upload, compute and
+download), the user's pipeline with B objects' inputs in one tensor per call. Goal: the
+worker, batching, >= 0.8 of the user's pipeline one object at a time.
 
 `--profile` runs each once under cProfile and prints, per object, the time spent in each part
 (the bridge, the rings, events, the worker's own loop, the numpy check, TinyJit's argument
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import dataclasses
 import pstats
 import statistics
 import time
@@ -47,6 +50,8 @@ from devbridge.apps.worker import (
 )
 from devbridge.apps.worker.workload import DEMO_SHAPES
 from devbridge.backends import tinygrad_compat as tg
+
+BATCH = 8  # the batched rows' objects per call
 
 
 class UserTensors:
@@ -87,19 +92,22 @@ def user_pipeline(
     device: str = "CPU",
     profiler: cProfile.Profile | None = None,
     shapes: Shapes = DEMO_SHAPES,
+    batch: int = 1,
 ) -> float:
     """Objects per second of the pipeline a user writes: weights captured in the JIT, no waits
-    but `_copyout`'s own (the timed loop profiled by `profiler`, if given)."""
-    t = UserTensors(objects, device, shapes, seed)
+    but `_copyout`'s own (the timed loop profiled by `profiler`, if given); with `batch`, the
+    inputs of `batch` objects at a time in one tensor (one copy in, one call, one copy out)."""
+    calls = -(-objects // batch)
+    t = UserTensors(calls, device, dataclasses.replace(shapes, rows=shapes.rows * batch), seed)
     with profiling(profiler):
         start = time.perf_counter()
-        for k in range(objects):
+        for k in range(calls):
             t.copy_in(k)
             t.step(t.x, t.y)
             t.copy_out()
         seconds = time.perf_counter() - start
     t.check()
-    return objects / seconds
+    return calls * batch / seconds
 
 
 def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
@@ -129,13 +137,13 @@ def _check(out: np.ndarray[Any, Any], last: np.ndarray[Any, Any], seed: int, sha
     assert np.allclose(out, expected, rtol=1e-4, atol=1e-4), "the pipeline computed something else"
 
 
-def worker(objects: int, device: str = "CPU", profiler: cProfile.Profile | None = None) -> float:
-    """Objects per second of the reference worker (`devbridge demo`'s run, its timed part
-    profiled by `profiler`, if given); every object delivered once and right."""
+def worker(objects: int, device: str = "CPU", profiler: cProfile.Profile | None = None, batch: int = 1) -> float:
+    """Objects per second of the reference worker (`devbridge demo --batch {batch}`'s run, its
+    timed part profiled by `profiler`, if given); every object delivered once and right."""
     if profiler is None:
-        summary = run_demo(objects=objects, device=device)
+        summary = run_demo(objects=objects, device=device, batch=batch)
     else:
-        run = device_worker(make_backend("tinygrad", device), range(objects), 0.0, 0, 0, 0)
+        run = device_worker(make_backend("tinygrad", device), range(objects), 0.0, 0, 0, 0, batch=batch)
         with profiling(profiler):
             start = time.perf_counter()
             run.run()
@@ -212,24 +220,35 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="CPU")
+    parser.add_argument(
+        "--batch", type=int, default=BATCH, help=f"the batched rows' objects per call (default {BATCH})"
+    )
     parser.add_argument("--profile", action="store_true", help="where each pipeline's time goes, per object")
     args = parser.parse_args()
     if args.profile:
         print(f"µs per object under cProfile ({args.objects} objects, device {args.device}; own time, main thread)")
         print("\n".join(gap_table(gap(args.objects, args.device))))
         return
-    runs: dict[str, list[float]] = {"user": [], "six": [], "worker": []}
-    user_pipeline(100, device=args.device), raw_pipeline(100, device=args.device), worker(100, args.device)  # warm-up
+    n, device, b = args.objects, args.device, args.batch
+    pipelines: dict[str, Callable[[], float]] = {
+        "user's pipeline (weights captured), one object a call": lambda: user_pipeline(n, device=device),
+        f"user's pipeline, {b} objects a call": lambda: user_pipeline(n, device=device, batch=b),
+        "six-argument pipeline, one object a call": lambda: raw_pipeline(n, device=device),
+        "reference worker, --batch 1": lambda: worker(n, device),
+        f"reference worker, --batch {b}": lambda: worker(n, device, batch=b),
+    }
+    runs: dict[str, list[float]] = {name: [] for name in pipelines}
+    for run in pipelines.values():
+        run()  # warm-up: kernels compiled, the allocator's cache full
     for _ in range(args.rounds):
-        runs["user"].append(user_pipeline(args.objects, device=args.device))
-        runs["worker"].append(worker(args.objects, args.device))
-        runs["six"].append(raw_pipeline(args.objects, device=args.device))
-    u, s, w = (statistics.median(runs[k]) for k in ("user", "six", "worker"))
-    print(f"{args.objects} objects per run, {args.rounds} rounds alternating, device {args.device} (medians)")
-    print(f"user's pipeline (weights captured): {u:8.0f} objects/s   runs {[round(v) for v in runs['user']]}")
-    print(f"six-argument pipeline:              {s:8.0f} objects/s   runs {[round(v) for v in runs['six']]}")
-    print(f"reference worker:                   {w:8.0f} objects/s   runs {[round(v) for v in runs['worker']]}")
-    print(f"worker/user: {w / u:.2f}   (goal >= 0.8)   worker/six-argument: {w / s:.2f}")
+        for name, run in pipelines.items():
+            runs[name].append(run())
+    medians = {name: statistics.median(figures) for name, figures in runs.items()}
+    print(f"{n} objects per run, {args.rounds} rounds alternating, device {device} (medians, objects/s)")
+    for name, figures in runs.items():
+        print(f"{name:<56} {medians[name]:8.0f}   runs {[round(v) for v in figures]}")
+    user, one, many = (medians[name] for name in list(pipelines)[:1] + list(pipelines)[3:])
+    print(f"worker --batch {b} / user: {many / user:.2f} (goal >= 0.8)   worker --batch 1 / user: {one / user:.2f}")
 
 
 if __name__ == "__main__":

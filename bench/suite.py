@@ -5,7 +5,9 @@ side: every round runs raw, bridge, bridge, raw (neither side gains from its
 place in a round) and the row reports the medians over the rounds; rows
 indented under a goal explain it and have none of their own. Raw sides are tinygrad's
 own allocator (`_copyin`, `Buffer.allocate/deallocate`) and the tinygrad pipeline
-a user would write (weights captured in the JIT, no lifecycle) (numpy's memcpy beside them: bench/copy_bandwidth.py).
+a user would write (weights captured in the JIT, no lifecycle, one object per call) (numpy's memcpy
+beside them: bench/copy_bandwidth.py). The worker's goal row batches (`devbridge demo --batch`); the
+rows under it show it one object at a time, and against the user's pipeline batching as it does.
 With the worker's rows, a profile of the gap between the worker and the user's pipeline:
 microseconds per object in each part (the bridge, rings, events, TinyJit, kernels...).
 A benchmark, not a test: run it on a quiet machine.
@@ -165,20 +167,25 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
 
 
 def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
-    objects = 100 if quick else 1000
+    objects, b = (100 if quick else 1000), pipeline.BATCH
 
-    def worker() -> float:
-        return pipeline.worker(objects, device)
+    def worker(batch: int) -> Callable[[], float]:
+        return lambda: pipeline.worker(objects, device, batch=batch)
 
-    goal = side_by_side(
-        f"reference worker / the user's tinygrad pipeline ({objects} objects, objects/s)",
-        worker, lambda: pipeline.user_pipeline(objects, device=device), rounds, "obj/s", ">= 0.8", 1.0,
-    )  # fmt: skip
-    six = side_by_side(
-        "  reference worker / the pipeline passing all six tensors to TinyJit (weights included)",
-        worker, lambda: pipeline.raw_pipeline(objects, device=device), rounds, "obj/s", "", 1.0,
-    )  # fmt: skip
-    return [goal, six]
+    def user(batch: int = 1) -> Callable[[], float]:
+        return lambda: pipeline.user_pipeline(objects, device=device, batch=batch)
+
+    def row(path: str, bridge: Callable[[], float], raw: Callable[[], float], goal: str = "") -> Row:
+        return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
+
+    return [
+        row(f"reference worker --batch {b} / the user's tinygrad pipeline ({objects} objects, objects/s)",
+            worker(b), user(), ">= 0.8"),
+        row("  reference worker --batch 1 (an object per upload, compute, download) / the same", worker(1), user()),
+        row(f"  reference worker --batch {b} / the user's pipeline, {b} objects per call", worker(b), user(b)),
+        row("  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit", worker(1),
+            lambda: pipeline.raw_pipeline(objects, device=device)),
+    ]  # fmt: skip
 
 
 def scaling_rows(rounds: int, quick: bool) -> list[Row]:

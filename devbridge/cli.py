@@ -112,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--restart-every", type=at_least(1), default=0, help="restart the worker every K delivered objects"
     )
+    demo.add_argument(
+        "--batch", type=at_least(1), default=1, help="objects per upload, compute and download (default 1)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--trace", default=None, metavar="FILE", help="write a timeline (Chrome Trace JSON: Perfetto, chrome://tracing)"
@@ -269,6 +272,7 @@ def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
                 progress,
                 args.trace,
                 pins_report=args.pins_report,
+                batch=args.batch,
             )
         except WorkerStalled as e:
             print(f"devbridge demo: {e}", file=sys.stderr)
@@ -354,7 +358,15 @@ def run_devices_command(args: argparse.Namespace) -> int:
             bar.update(done - bar.n)
 
         s = run_devices(
-            args.objects, devices, args.backend, args.faults, args.restart_every, args.seed, progress, trace=args.trace
+            args.objects,
+            devices,
+            args.backend,
+            args.faults,
+            args.restart_every,
+            args.seed,
+            progress,
+            trace=args.trace,
+            batch=args.batch,
         )
     if args.json:
         print(json.dumps({**asdict(s), "clean": s.clean}))

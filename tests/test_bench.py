@@ -32,8 +32,10 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
         "  the bridge's share alone (a backend that does nothing) / raw allocate + deallocate",
         "per-op cost (reserve + sync copy, null backend) at 10,000 live / at 10 live",
         "bookkeeping per live allocation / 1 KiB",
-        "reference worker / the user's tinygrad pipeline (100 objects, objects/s)",
-        "  reference worker / the pipeline passing all six tensors to TinyJit (weights included)",
+        "reference worker --batch 8 / the user's tinygrad pipeline (100 objects, objects/s)",
+        "  reference worker --batch 1 (an object per upload, compute, download) / the same",
+        "  reference worker --batch 8 / the user's pipeline, 8 objects per call",
+        "  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit",
     ]
     measured = [row for row in report["rows"] if not row["path"].startswith("bookkeeping")]
     for row in measured:  # two rounds of (bridge, raw), their medians and the medians' ratio

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from harness import COMPUTE_DEVICES
+from rules import refused
 
 from devbridge.apps.worker import STAGES, Job, Producer, Stage, StageError, Worker, run_demo
 from devbridge.apps.worker import workload as worker_module
@@ -27,6 +28,92 @@ def test_demo_survives_faults_and_restarts_with_nothing_lost(backend: str, devic
     assert summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
     assert (summary.bytes_in, summary.bytes_out) == (60 * 16 * 64 * 4, 60 * 16 * 32 * 4)
     assert summary.clean
+
+
+@pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES, ids=lambda v: str(v))
+def test_batches_survive_faults_and_restarts_with_nothing_lost(backend: str, device: str | None) -> None:
+    """Objects moved 4 at a time (61: the last batch has one), with failing copies, computes,
+    frees and queries and a restart every 15: every object delivered once and right."""
+    summary = run_demo(objects=61, backend=backend, device=device, faults=0.1, restart_every=15, seed=3, batch=4)
+    assert (summary.delivered, summary.lost, summary.duplicated, summary.wrong) == (61, 0, 0, 0)
+    assert summary.restarts >= 3 and summary.faults_injected > 0 and summary.clean
+    assert summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
+    assert (summary.bytes_in, summary.bytes_out) == (61 * 16 * 64 * 4, 61 * 16 * 32 * 4)
+
+
+def test_a_batch_is_one_upload_one_compute_and_one_download() -> None:
+    """10 objects, 4 at a time: batches of 4, 4 and 2, each one copy in of its inputs (the
+    producer wrote them one after another), one compute and one copy out, of exactly its bytes."""
+    fake = FakeBackend()
+    worker = Worker(fake, 10, seed=1, batch=4, pump=fake_pump(fake, 1))
+    worker.run()
+    assert worker.summary(1.0, "fake").clean
+    moved = [(c.op, c.nbytes) for c in fake.calls if c.op in ("copy_in", "compute", "copy_out")]
+    moved = moved[4:]  # after the weights' uploads
+    x, y = 16 * 64 * 4, 16 * 32 * 4
+    ins = [n for op, n in moved if op == "copy_in"]
+    outs = [n for op, n in moved if op == "copy_out"]
+    assert sorted(ins) == [2 * x, 4 * x, 4 * x] and sorted(outs) == [2 * y, 4 * y, 4 * y]
+    assert [op for op, _ in moved].count("compute") == 3
+    allocs = [c.nbytes for c in fake.calls if c.op == "alloc"][4:]
+    assert set(allocs) == {4 * x, 4 * y}  # a slot holds a whole batch
+
+
+def test_a_wrong_output_in_a_batch_is_that_object_s_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's answer for object 5 is off: of the batch 4..7, only 5 is wrong."""
+    reference = worker_module.reference_mlp
+    calls = iter(range(10))
+
+    def off_for_5(x: Any, w: Any) -> Any:
+        return reference(x, w) + np.float32(1 if next(calls) == 5 else 0)
+
+    monkeypatch.setattr(worker_module, "reference_mlp", off_for_5)
+    fake = FakeBackend()
+    worker = Worker(fake, 10, seed=1, batch=4, pump=fake_pump(fake, 1))
+    worker.run()
+    summary = worker.summary(1.0, "fake")
+    assert (summary.delivered, summary.wrong, summary.lost, summary.duplicated) == (10, 1, 0, 0)
+    assert worker.tally.wrong == {5}
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("batch", [0, -1, True, 1.5, "2", None])
+def test_a_batch_that_is_not_a_positive_count_is_refused_before_anything_starts(batch: object) -> None:
+    fake = FakeBackend()
+    with refused("ARG-1", match="batch must be an int >= 1"):
+        run_demo(objects=3, backend=fake, batch=batch)  # type: ignore[arg-type]
+    with refused("ARG-1", match="batch must be an int >= 1"):
+        Worker(fake, 3, batch=batch)  # type: ignore[arg-type]
+    assert fake.calls == []
+
+
+def test_the_output_check_is_numpys_tolerance_and_allocates_nothing_per_batch() -> None:
+    """The same verdicts as |got - expected| <= TOLERANCE * (1 + |expected|), edges included (a
+    difference exactly at the bound, NaN, inf), per object; after the first call no memory is
+    allocated for a batch's comparison but its list of verdicts."""
+    import tracemalloc
+
+    tol = worker_module.TOLERANCE
+    expected = np.zeros((3, 4, 8), np.float32)
+    got = expected.copy()
+    got[1, 0, 0] = np.float32(tol)  # exactly at the bound (TOLERANCE * (1 + 0)): right
+    check = worker_module.OutputCheck((4, 4, 8))
+    assert check(got, expected) == [True, True, True]
+    got[1, 0, 0] = np.nextafter(got[1, 0, 0], np.float32(2))  # just past it: wrong
+    got[2, 3, 7] = np.nan
+    assert check(got, expected) == [True, False, False]
+    got[1, 0, 0], got[2, 3, 7] = expected[1, 0, 0], np.inf
+    assert check(got[:2], expected[:2]) == [True, True] and check(got, expected) == [True, True, False]
+    big = np.ones((4, 4096, 32), np.float32)
+    check = worker_module.OutputCheck(big.shape)
+    check(big, big)
+    tracemalloc.start()
+    try:
+        check(big, big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4096  # a 2 MiB batch compared without a temporary
 
 
 def test_device_memory_is_pooled_per_generation() -> None:
@@ -198,7 +285,7 @@ def test_jobs_move_only_by_the_stage_table_and_runs_take_every_transition_in_it(
 
 def test_a_move_the_table_does_not_have_is_refused() -> None:
     ring = HostRing(64)
-    job = Job(7, ring.reserve(8))
+    job = Job([7], ring.reserve(8))
     with pytest.raises(StageError, match="object 7: no transition slot -> delivered"):
         job.move(Stage.DELIVERED)
     assert job.stage is Stage.SLOT

@@ -52,6 +52,7 @@ def run_devices(
     progress: Callable[[int], None] | None = None,
     make: Callable[[str], Backend] | None = None,
     trace: str | None = None,
+    batch: int = 1,
 ) -> DevicesSummary:
     """One Bridge per device in one process: object k goes to device k % len(devices), each
     device a worker with its own rings, restarts and injected faults, so one that restarts or
@@ -61,14 +62,15 @@ def run_devices(
     thread. A device that gives up for good (WorkerStalled) leaves its undelivered objects to
     the first device that did not: they are redone there once the others finish. Deliveries
     are tallied per object across devices. With `trace` (a path), every bridge writes its
-    tracks into that one timeline (devbridge.trace)."""
-    check_demo(objects, faults, restart_every)
+    tracks into that one timeline (devbridge.trace). Each worker moves its objects `batch` at a
+    time."""
+    check_demo(objects, faults, restart_every, batch)
     if not devices or len(set(devices)) != len(devices) or any(type(d) is not str for d in devices):
         refuse(f"devices must be distinct names, got {short(devices)}")
     make = make or (lambda device: make_backend(backend, None if backend == "fake" else device))
     timeline = None if trace is None else Trace(trace)
     try:
-        return _run_devices(objects, devices, faults, restart_every, seed, progress, make, timeline)
+        return _run_devices(objects, devices, faults, restart_every, seed, progress, make, timeline, batch)
     finally:
         if timeline is not None:
             timeline.close()
@@ -83,11 +85,12 @@ def _run_devices(
     progress: Callable[[int], None] | None,
     make: Callable[[str], Backend],
     timeline: Trace | None,
+    batch: int,
 ) -> DevicesSummary:
     n = len(devices)
     shares = [range(d, objects, n) for d in range(n)]
     workers = [
-        device_worker(make(dev), shares[d], faults, restart_every, seed, seed + d, timeline)
+        device_worker(make(dev), shares[d], faults, restart_every, seed, seed + d, timeline, batch)
         for d, dev in enumerate(devices)
     ]
     done = [0] * n
@@ -133,7 +136,9 @@ def _run_devices(
     leftovers = [k for d in sorted(stalled) for k in shares[d] if k not in tally]
     healthy = [d for d in range(n) if d not in stalled]
     if leftovers and healthy:
-        again = device_worker(make(devices[healthy[0]]), leftovers, faults, restart_every, seed, seed + n, timeline)
+        again = device_worker(
+            make(devices[healthy[0]]), leftovers, faults, restart_every, seed, seed + n, timeline, batch
+        )
         began, why = time.perf_counter(), ""
         try:
             again.run()

@@ -16,11 +16,12 @@ from devbridge.trace import Trace
 RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
 
 
-def check_demo(objects: object, faults: object, restart_every: object) -> None:
+def check_demo(objects: object, faults: object, restart_every: object, batch: object = 1) -> None:
     """The demo's options, checked before anything starts (ARG-1): a bad one would spin forever."""
     count("objects", objects, least=1)
     probability("faults", faults)
     count("restart_every", restart_every, note=" (0: never)")
+    count("batch", batch, least=1)
 
 
 def backend_name(backend: Backend) -> str:
@@ -39,16 +40,18 @@ def run_demo(
     progress: Callable[[int], None] | None = None,
     trace: str | None = None,
     pins_report: bool = False,
+    batch: int = 1,
 ) -> Summary:
     """The reference worker over `objects` synthetic objects on `backend` (a name for
     make_backend, or an opened Backend), its timeline written to `trace` (a path) if given;
     with `pins_report`, the summary's `pinned` names each allocation still held at the end and
-    what holds it. Raises WorkerStalled if the backend fails for good."""
-    check_demo(objects, faults, restart_every)
+    what holds it; objects go `batch` at a time (one upload, compute and download for all).
+    Raises WorkerStalled if the backend fails for good."""
+    check_demo(objects, faults, restart_every, batch)
     timeline = None if trace is None else Trace(trace)
     try:
         inner = make_backend(backend, device) if isinstance(backend, str) else backend
-        worker = device_worker(inner, range(objects), faults, restart_every, seed, seed, timeline)
+        worker = device_worker(inner, range(objects), faults, restart_every, seed, seed, timeline, batch)
         start = time.perf_counter()
         worker.run(progress)
         summary = worker.summary(time.perf_counter() - start, backend_name(inner))
@@ -68,14 +71,17 @@ def device_worker(
     seed: int,
     fault_seed: int,
     trace: Trace | None = None,
+    batch: int = 1,
 ) -> Worker:
-    """A worker for objects `ks` on one device: its fake's pump, its injected faults, its tracks
-    in `trace`."""
+    """A worker for objects `ks` on one device, `batch` at a time: its fake's pump, its injected
+    faults, its tracks in `trace`."""
     pump = fake_pump(inner, fault_seed) if isinstance(inner, FakeBackend) else None
     if not faults:
-        return Worker(inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks, trace=trace)
+        return Worker(
+            inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks, trace=trace, batch=batch
+        )
     faulty = FaultyBackend(inner, rate=faults, seed=fault_seed, random_ops=RANDOM_FAULTS)
     return Worker(
         faulty, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks,
-        injected=lambda: sum(faulty.injected.values()), trace=trace,
+        injected=lambda: sum(faulty.injected.values()), trace=trace, batch=batch,
     )  # fmt: skip

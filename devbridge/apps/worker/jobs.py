@@ -13,7 +13,7 @@ from devbridge.types import DeviceHandle, DeviceRange
 
 
 class Stage(enum.Enum):
-    """Where an object is in the pipeline."""
+    """Where a batch of objects is in the pipeline."""
 
     SLOT = "slot"  # waiting for device memory, or to start its upload (again)
     UPLOAD = "upload"  # its input is being copied to the slot's x
@@ -40,20 +40,23 @@ class StageError(RuntimeError):
 
 @dataclass
 class Slot:
-    """Device memory for one object in flight, reused by object after object in a generation."""
+    """Device memory for one batch in flight, reused by batch after batch in a generation."""
 
     x: DeviceHandle
     y: DeviceHandle
     xv: Any  # zero-copy views, passed to the jitted MLP as arguments (they pin x and y)
     yv: Any
-    xr: DeviceRange  # all of x and all of y: what every object's copies move
+    xr: DeviceRange  # all of x and all of y: what a full batch's copies move
     yr: DeviceRange
 
 
 @dataclass
 class Job:
-    k: int
+    """A batch of objects on their way together: one upload, one compute and one download for all."""
+
+    ks: list[int]  # the objects, in the order of their inputs in `src`
     src: HostRange
+    answers: Any = None  # numpy's outputs for them, one per object (what delivery checks)
     slot: Slot | None = None
     out: HostRange | None = None
     stage: Stage = Stage.SLOT
@@ -64,7 +67,8 @@ class Job:
 
     def move(self, to: Stage) -> None:
         if to not in STAGES[self.stage]:
-            raise StageError(f"object {self.k}: no transition {self.stage.value} -> {to.value}")
+            objects = ", ".join(map(str, self.ks))
+            raise StageError(f"object {objects}: no transition {self.stage.value} -> {to.value}")
         if self.moves is not None:
             self.moves.append((self.stage, to))
         self.stage = to

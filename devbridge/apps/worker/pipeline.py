@@ -1,11 +1,14 @@
 """The reference worker's pipeline: input HostRing -> Bridge -> a tinygrad MLP on zero-copy views
 -> output HostRing, with a window of objects in flight.
 
-Each object is a `Job` (jobs.py) moving through the stages of `Stage`, by the transitions of
-`STAGES` only (`Job.move` refuses any other): a slot of pooled device memory, the upload (async
-host_to_device), the compute (a TinyJit MLP on zero-copy views), the download (async
-device_to_host), delivered. The upload of object k+1 overlaps the compute of object k. The
-MLP's weights are uploaded once per generation under their own role.
+Objects go `batch` at a time (one by default): a batch is a `Job` (jobs.py) moving through the
+stages of `Stage`, by the transitions of `STAGES` only (`Job.move` refuses any other): a slot
+of pooled device memory, the upload (async host_to_device of the batch's inputs, one after
+another in the input ring), the compute (a TinyJit MLP on zero-copy views, every row of the
+batch at once), the download (async device_to_host), delivered object by object. The upload of
+the next batch overlaps the compute of this one. A batch pays the per-call costs (the bridge's
+calls, TinyJit's arguments, the worker's loop) once for all its objects. The MLP's weights are
+uploaded once per generation under their own role.
 
 Device memory is pooled per generation: a slot is an input and an output allocation with their
 views, allocated once and reused by object after object (the lifecycle still tracks every copy
@@ -42,6 +45,7 @@ from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker import workload
 from devbridge.apps.worker.jobs import Job, Slot, Stage
 from devbridge.apps.worker.workload import DEMO_SHAPES, Shapes
+from devbridge.args import count
 from devbridge.backends.base import Backend
 from devbridge.bridge import Bridge
 from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
@@ -98,19 +102,24 @@ class Worker:
         seed: int = 0,
         shapes: Shapes = DEMO_SHAPES,
         window: int = 4,
-        ring_objects: int = 64,  # the input ring holds 64 objects (256 KiB): the producer refills it in batches
+        ring_objects: int = 64,  # the input ring holds 64 objects (256 KiB): the producer refills it in bursts
+        batch: int = 1,
         restart_every: int = 0,
         pump: Callable[[], None] | None = None,
         ks: Sequence[int] | None = None,
         injected: Callable[[], int] = lambda: 0,
         trace: Trace | None = None,
     ) -> None:
-        """`objects` synthetic objects, numbered 0.. (or those of `ks`: a device's share).
+        """`objects` synthetic objects, numbered 0.. (or those of `ks`: a device's share), moved
+        and computed `batch` at a time (the ring holds whole batches: `ring_objects` is rounded
+        up to a multiple of `batch`).
         `injected` counts the faults injected so far (the summary reports it); `trace`: the
         timeline its bridge writes its tracks into (devbridge.trace), if any."""
         ks = range(objects) if ks is None else ks
+        batch = count("batch", batch, least=1)
         self.backend, self.objects, self.seed, self.shapes = backend, len(ks), seed, shapes
-        self.window, self.restart_every = window, restart_every
+        self.window, self.restart_every, self.batch = window, restart_every, batch
+        ring_objects = -(-ring_objects // batch) * batch
         self.pump = pump or (lambda: None)
         self.pumped = pump is not None  # a fake backend's pump completes events: never block for them
         self.injected = injected
@@ -124,7 +133,7 @@ class Worker:
         # a GIL hand-off between it and this loop (it still retries every 0.05 s by itself)
         self.wake_every = max(1, ring_objects // 2)
         self.weights_np = workload.make_weights(seed, shapes)
-        self.expected: dict[int, np.ndarray[Any, Any]] = {}
+        self.check = workload.OutputCheck((batch, shapes.rows, shapes.d_out))
         self.tally = Tally()
         self.deliveries = 0  # deliveries so far, kept as they happen: the loop reads it every pass
         self.failures_retried = 0
@@ -137,8 +146,8 @@ class Worker:
         self.jobs: list[Job] = []
         self.moves: list[tuple[Stage, Stage]] | None = None  # set to a list to record every job's transitions
         self.since_restart = 0  # objects delivered since the last restart (restart_every)
-        self.x_view = TensorViewSpec((shapes.rows, shapes.d_in), "float32")
-        self.y_view = TensorViewSpec((shapes.rows, shapes.d_out), "float32")
+        self.x_view = TensorViewSpec((batch * shapes.rows, shapes.d_in), "float32")
+        self.y_view = TensorViewSpec((batch * shapes.rows, shapes.d_out), "float32")
         self.x_spec = ObjectSpec("x", "float32", role="input", view=self.x_view)
         self.y_spec = ObjectSpec("y", "float32", role="output", view=self.y_view)
         self.weights: dict[str, Any] = {}  # name -> live view of the uploaded weight
@@ -152,7 +161,7 @@ class Worker:
             r = self.weight_ring.reserve(w.nbytes)
             self.weight_ring.view(r)[:] = w.tobytes()
             self.weight_src[name] = r
-        self.producer = workload.Producer(self.inputs, ks, seed, shapes, self.space, self.weights_np)
+        self.producer = workload.Producer(self.inputs, ks, seed, shapes, self.space, self.weights_np, batch)
 
     # ------------------------------------------------------------ the loop
 
@@ -179,9 +188,7 @@ class Worker:
             return False
         self.pump()
         while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else wait)):
-            k, src, expected = item
-            self.expected[k] = expected
-            self.jobs.append(Job(k, src, moves=self.moves))
+            self.jobs.append(Job(item.ks, item.src, item.answers, moves=self.moves))
         before = self.deliveries
         states = [(job.stage, job.event) for job in self.jobs]
         for job in list(self.jobs):
@@ -295,12 +302,12 @@ class Worker:
         if self.slots >= self.window:
             return None
         try:
-            x = self.bridge.alloc_device(self.x_spec, self.in_bytes)
+            x = self.bridge.alloc_device(self.x_spec, self.batch * self.in_bytes)
         except DeviceAllocationError as e:
             self.failed(e)
             return None
         try:
-            y = self.bridge.alloc_device(self.y_spec, self.out_bytes)
+            y = self.bridge.alloc_device(self.y_spec, self.batch * self.out_bytes)
         except DeviceAllocationError as e:
             self.failed(e)
             self.reported(self.bridge.free_device, x)
@@ -309,9 +316,10 @@ class Worker:
         self.issued += [x, y]
         self.note_live()
         xv, yv = self.bridge.wrap_for_tinygrad(x, self.x_view), self.bridge.wrap_for_tinygrad(y, self.y_view)
-        return Slot(x, y, xv, yv, DeviceRange(x, 0, self.in_bytes), DeviceRange(y, 0, self.out_bytes))
+        xr, yr = DeviceRange(x, 0, self.batch * self.in_bytes), DeviceRange(y, 0, self.batch * self.out_bytes)
+        return Slot(x, y, xv, yv, xr, yr)
 
-    # ------------------------------------------------------------ one object
+    # ------------------------------------------------------------ one batch
 
     def step(self, job: Job) -> None:
         if job.old:
@@ -365,7 +373,7 @@ class Worker:
 
     def upload(self, job: Job) -> None:
         assert job.slot is not None
-        x = job.slot.xr
+        x = job.slot.xr if len(job.ks) == self.batch else DeviceRange(job.slot.x, 0, job.src.nbytes)
         self.attempt(job, Stage.UPLOAD, lambda: self.bridge.host_to_device(job.src, x, sync=False, release=False))
 
     def compute(self, job: Job) -> None:
@@ -385,24 +393,25 @@ class Worker:
         assert job.slot is not None
         if job.out is None:
             try:
-                job.out = self.outputs.reserve(self.out_bytes)
+                job.out = self.outputs.reserve(len(job.ks) * self.out_bytes)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
-        y, out = job.slot.yr, job.out
+        y, out = job.slot.yr if len(job.ks) == self.batch else DeviceRange(job.slot.y, 0, job.out.nbytes), job.out
         self.attempt(job, Stage.DOWNLOAD, lambda: self.bridge.device_to_host(y, out, sync=False))
 
     def deliver(self, job: Job) -> None:
         assert job.out is not None and job.slot is not None
-        got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(self.shapes.rows, self.shapes.d_out)
-        self.tally.deliver(job.k, workload.is_right(got, self.expected.pop(job.k)))
-        self.deliveries += 1
+        got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(len(job.ks), *job.answers.shape[1:])
+        for k, right in zip(job.ks, self.check(got, job.answers), strict=True):
+            self.tally.deliver(k, right)
+        before, self.deliveries = self.deliveries, self.deliveries + len(job.ks)
         self.failures_in_a_row = 0
         self.outputs.release(job.out)  # the consumer took it
-        self.inputs.release(job.src)  # the object is done: its input may go
-        if self.deliveries % self.wake_every == 0:  # the producer refills the ring in batches
+        self.inputs.release(job.src)  # the objects are done: their inputs may go
+        if before // self.wake_every != self.deliveries // self.wake_every:  # the producer refills in bursts
             with self.space:
                 self.space.notify_all()
-        self.free_slots.append(job.slot)  # the next object's upload follows this download (ORDER-1)
+        self.free_slots.append(job.slot)  # the next batch's upload follows this download (ORDER-1)
         job.move(Stage.DELIVERED)
         self.jobs.remove(job)
 

@@ -68,16 +68,38 @@ def jitted_mlp(weights: dict[str, Any]) -> Callable[[Any, Any], None]:
     return jitted
 
 
-def is_right(got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any]) -> bool:
-    """`got` is numpy's answer within TOLERANCE (np.allclose's test, 10x cheaper)."""
-    return bool((np.abs(got - expected) <= TOLERANCE * (1 + np.abs(expected))).all())
+class OutputCheck:
+    """Which objects of a batch's output are numpy's answers within TOLERANCE (np.allclose's
+    test, 10x cheaper), computed in arrays kept from batch to batch: a plain expression's
+    temporaries are fresh allocations (page faults on every batch for outputs of hundreds of
+    KiB), which cost ten times the comparison itself."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        """`shape`: (objects, rows, d_out) of the largest batch."""
+        self.diff = np.empty(shape, np.float32)
+        self.bound = np.empty(shape, np.float32)
+        self.within = np.empty(shape, np.bool_)
+
+    def __call__(self, got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any]) -> list[bool]:
+        """Per object (the first axis of `got` and `expected`), whether it is right."""
+        n = len(got)
+        diff, bound, within = self.diff[:n], self.bound[:n], self.within[:n]
+        np.subtract(got, expected, out=diff)
+        np.abs(diff, out=diff)
+        np.abs(expected, out=bound)
+        np.add(bound, 1, out=bound)
+        np.multiply(bound, TOLERANCE, out=bound)  # |got - expected| <= TOLERANCE * (1 + |expected|)
+        np.less_equal(diff, bound, out=within)
+        per_object = np.logical_and.reduce(within.reshape(n, -1), axis=1)
+        return [bool(right) for right in per_object]
 
 
 class Producer(threading.Thread):
-    """Writes objects into the input ring (blocking only while it is full), each with the output
-    numpy says it must give. The objects and their outputs are made when the producer is made,
-    before the worker's clock starts (as a raw pipeline's inputs are made beforehand): the run
-    measures moving and computing them, not generating them."""
+    """Writes objects into the input ring (blocking only while it is full), `batch` at a time in
+    one reservation, each batch with the outputs numpy says it must give. The objects and their
+    outputs are made when the producer is made, before the worker's clock starts (as a raw
+    pipeline's inputs are made beforehand): the run measures moving and computing them, not
+    generating them."""
 
     def __init__(
         self,
@@ -87,39 +109,60 @@ class Producer(threading.Thread):
         shapes: Shapes,
         space: threading.Condition,
         weights: dict[str, np.ndarray[Any, np.dtype[np.float32]]] | None = None,
+        batch: int = 1,
     ) -> None:
         super().__init__(daemon=True, name="devbridge-producer")
         self.ring, self.ks, self.seed, self.shapes, self.space = ring, list(ks), seed, shapes, space
+        self.batch = batch
         self.weights = weights if weights is not None else make_weights(seed, shapes)
-        self.xs = [make_input(seed, k, shapes) for k in self.ks]
-        self.answers = [reference_mlp(x, self.weights) for x in self.xs]
-        self.ready: deque[tuple[int, HostRange, np.ndarray[Any, Any]]] = deque()  # objects in the ring
-        self.arrived = threading.Condition()  # notified as objects are appended to `ready`
+        # one array each, object after object: a batch's inputs are one copy into the ring, and
+        # its answers one slice
+        self.xs = np.empty((len(self.ks), shapes.rows, shapes.d_in), np.float32)
+        self.answers = np.empty((len(self.ks), shapes.rows, shapes.d_out), np.float32)
+        for i, k in enumerate(self.ks):
+            self.xs[i] = make_input(seed, k, shapes)
+            self.answers[i] = reference_mlp(self.xs[i], self.weights)
+        self.ready: deque[Batch] = deque()  # batches in the ring
+        self.arrived = threading.Condition()  # notified as batches are appended to `ready`
         self.blocked_s = 0.0
         self.stop = threading.Event()
 
     def run(self) -> None:
-        nbytes = self.shapes.rows * self.shapes.d_in * 4
-        for i, k in enumerate(self.ks):
-            while True:
-                try:
-                    r = self.ring.reserve(nbytes)
-                    break
-                except RingFullError:
-                    start = time.perf_counter()
-                    with self.space:
-                        self.space.wait(0.05)
-                    self.blocked_s += time.perf_counter() - start
-                    if self.stop.is_set():
-                        return
-            self.ring.view(r)[:] = self.xs[i].data.cast("B")
+        for i in range(0, len(self.ks), self.batch):
+            ks = self.ks[i : i + self.batch]
+            r = self.reserve(len(ks) * self.xs[0].nbytes)
+            if r is None:
+                return
+            self.ring.view(r)[:] = self.xs[i : i + len(ks)].data.cast("B")
             with self.arrived:
-                self.ready.append((k, r, self.answers[i]))
+                self.ready.append(Batch(ks, r, self.answers[i : i + len(ks)]))
                 self.arrived.notify()
 
-    def take(self, timeout: float) -> tuple[int, HostRange, np.ndarray[Any, Any]] | None:
-        """The next object in the ring, waiting up to `timeout` seconds for one; None if none came."""
+    def reserve(self, nbytes: int) -> HostRange | None:
+        """Room for a batch, once the ring has it; None when told to stop meanwhile."""
+        while True:
+            try:
+                return self.ring.reserve(nbytes)
+            except RingFullError:
+                start = time.perf_counter()
+                with self.space:
+                    self.space.wait(0.05)
+                self.blocked_s += time.perf_counter() - start
+                if self.stop.is_set():
+                    return None
+
+    def take(self, timeout: float) -> Batch | None:
+        """The next batch in the ring, waiting up to `timeout` seconds for one; None if none came."""
         if not self.ready and timeout > 0:
             with self.arrived:
                 self.arrived.wait_for(lambda: self.ready, timeout)
         return self.ready.popleft() if self.ready else None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Objects `ks`, their inputs one after another in `src`, and numpy's outputs for them."""
+
+    ks: list[int]
+    src: HostRange
+    answers: np.ndarray[Any, np.dtype[np.float32]]
