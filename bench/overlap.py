@@ -30,6 +30,9 @@ from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
 from devbridge.bench.pipeline import UserTensors, user_pipeline
 
+BATCH = 4  # the batched worker's objects per call
+ROWS = 4096  # rows of 64 float32 per input: 1 MiB
+
 
 def serial(shapes: Shapes, objects: int, device: str, compute: bool = True) -> float:
     """Seconds for `objects` objects, each step waited for; with compute=False, the uploads alone."""
@@ -70,8 +73,10 @@ def main() -> None:
     parser.add_argument("--device", default="CL")
     parser.add_argument("--objects", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=4096, help="rows of 64 float32 per input (default 4096: 1 MiB)")
-    parser.add_argument("--batch", type=int, default=4, help="the batched worker's objects per call (default 4)")
+    parser.add_argument("--rows", type=int, default=ROWS, help=f"rows of 64 float32 per input (default {ROWS}: 1 MiB)")
+    parser.add_argument(
+        "--batch", type=int, default=BATCH, help=f"the batched worker's objects per call (default {BATCH})"
+    )
     args = parser.parse_args()
     shapes = Shapes(rows=args.rows)
     n, device, b = args.objects, args.device, args.batch

@@ -8,6 +8,8 @@ own allocator (`_copyin`, `Buffer.allocate/deallocate`) and the tinygrad pipelin
 a user would write (weights captured in the JIT, no lifecycle, one object per call) (numpy's memcpy
 beside them: bench/copy_bandwidth.py). The worker's goal row batches (`devbridge demo --batch`); the
 rows under it show it one object at a time, and against the user's pipeline batching as it does.
+Where OpenCL opens (pocl here), the worker on CL against the user's pipeline there, and with 1 MiB
+objects against a strictly serial pipeline, with the share of the upload time it saves (bench/overlap.py).
 With the worker's rows, a profile of the gap between the worker and the user's pipeline:
 microseconds per object in each part (the bridge, rings, events, TinyJit, kernels...).
 A benchmark, not a test: run it on a quiet machine.
@@ -188,6 +190,58 @@ def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     ]  # fmt: skip
 
 
+def queue_rows(rounds: int, quick: bool) -> list[Row]:
+    """On a device with its own queue (CL, where it opens): the worker against the user's
+    pipeline, and for 1 MiB objects against a strictly serial pipeline, with the share of the
+    upload time it saves (bench/overlap.py)."""
+    if TinygradBackend("CL").unusable() is not None:
+        return []
+    from devbridge.apps.worker import Shapes
+    from devbridge.bench import overlap
+
+    objects, big, b = (50, 8, overlap.BATCH) if quick else (500, 48, overlap.BATCH)
+    shapes = Shapes(rows=overlap.ROWS)
+
+    def per_s(run: Callable[[], float], n: int) -> Callable[[], float]:
+        return lambda: n / run()
+
+    def row(path: str, bridge: Callable[[], float], raw: Callable[[], float], goal: str = "") -> Row:
+        return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
+
+    serial = per_s(lambda: overlap.serial(shapes, big, "CL"), big)
+    batched = per_s(lambda: overlap.worker(shapes, big, "CL", b), big)
+    demo = row(
+        f"reference worker --batch {pipeline.BATCH} on CL / the user's tinygrad pipeline on CL ({objects} objects)",
+        lambda: pipeline.worker(objects, "CL", batch=pipeline.BATCH),
+        lambda: pipeline.user_pipeline(objects, device="CL"),
+        ">= 0.8",
+    )
+    versus_serial = row(
+        f"reference worker --batch {b} on CL, 1 MiB objects / serial (each step waited for)",
+        batched,
+        serial,
+        ">= 1.0",
+    )
+    single = row(
+        "  reference worker --batch 1 on CL, 1 MiB objects / the same",
+        per_s(lambda: overlap.worker(shapes, big, "CL"), big),
+        serial,
+    )
+    # the upload time the batched worker saves against the serial run, over the uploads' own time
+    ms = 1e3 / versus_serial.raw - 1e3 / versus_serial.bridge
+    uploads = statistics.median(overlap.serial(shapes, big, "CL", compute=False) * 1e3 / big for _ in range(rounds))
+    hidden = Row(
+        "  upload time saved (serial - worker, ms per object) / uploads alone: the overlap",
+        ms,
+        uploads,
+        "ms",
+        ms / uploads,
+        "",
+        [(ms, uploads)],
+    )
+    return [demo, versus_serial, single, hidden]  # fmt: skip
+
+
 def scaling_rows(rounds: int, quick: bool) -> list[Row]:
     live, calls = (10_000, 2000) if quick else (100_000, 20000)
     many = scaling.Setup(live)
@@ -208,6 +262,7 @@ def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list
         "alloc": lambda: alloc_row(device, rounds, quick),
         "scaling": lambda: scaling_rows(rounds, quick),
         "worker": lambda: worker_rows(device, rounds, quick),
+        "queue": lambda: queue_rows(rounds, quick),
     }
     for name, part in parts.items():
         if not only or name in only:
@@ -262,7 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="CPU")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default 5)")
     parser.add_argument("--quick", action="store_true", help="few calls per round: checks that it runs, not speed")
-    parser.add_argument("--only", action="append", choices=("copies", "alloc", "scaling", "worker"), default=[])
+    parser.add_argument(
+        "--only", action="append", choices=("copies", "alloc", "scaling", "worker", "queue"), default=[]
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.rounds < 1:
