@@ -319,6 +319,23 @@ def test_a_reserve_whose_deadline_is_reached_exactly_gives_up_without_another_sl
 
 
 @pytest.mark.holds("RING-2")
+def test_a_reservation_that_fits_never_reads_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reserve that fits returns at once whatever its timeout: no deadline is computed and no
+    waiter counted (the per-call path)."""
+    import devbridge.ring
+
+    def clock() -> float:
+        raise AssertionError("a reservation that fits read the clock")
+
+    ring = HostRing(16)
+    monkeypatch.setattr(devbridge.ring, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+    for timeout in (0.0, 0, 1.0, 1, math.inf, None):
+        r = ring.reserve(8, timeout=timeout)
+        assert (r.start, r.nbytes, ring._waiting) == (ring.snapshot()[0] - 8, 8, 0)
+        ring.release(r)
+
+
+@pytest.mark.holds("RING-2")
 def test_a_blocked_reserve_that_wraps_at_the_lap_end_fits_once_the_oldest_is_released() -> None:
     """Past the lap's end a reservation starts at the next lap (the skipped bytes are free):
     asleep for room, it wakes to a place the first reserve would have taken."""
