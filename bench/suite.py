@@ -168,6 +168,11 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
     return [row, timed_row(path, bookkeeping, raw, calls, rounds, "")]
 
 
+def objects_row(path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, goal: str = "") -> Row:
+    """A row of two pipelines' objects per second (each callable runs one and returns it)."""
+    return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
+
+
 def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     objects, b = (100 if quick else 1000), pipeline.BATCH
 
@@ -177,16 +182,15 @@ def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     def user(batch: int = 1) -> Callable[[], float]:
         return lambda: pipeline.user_pipeline(objects, device=device, batch=batch)
 
-    def row(path: str, bridge: Callable[[], float], raw: Callable[[], float], goal: str = "") -> Row:
-        return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
-
     return [
-        row(f"reference worker --batch {b} / the user's tinygrad pipeline ({objects} objects, objects/s)",
-            worker(b), user(), ">= 0.8"),
-        row("  reference worker --batch 1 (an object per upload, compute, download) / the same", worker(1), user()),
-        row(f"  reference worker --batch {b} / the user's pipeline, {b} objects per call", worker(b), user(b)),
-        row("  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit", worker(1),
-            lambda: pipeline.raw_pipeline(objects, device=device)),
+        objects_row(f"reference worker --batch {b} / the user's tinygrad pipeline ({objects} objects, objects/s)",
+                    worker(b), user(), rounds, ">= 0.8"),
+        objects_row("  reference worker --batch 1 (an object per upload, compute, download) / the same",
+                    worker(1), user(), rounds),
+        objects_row(f"  reference worker --batch {b} / the user's pipeline, {b} objects per call",
+                    worker(b), user(b), rounds),
+        objects_row("  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit",
+                    worker(1), lambda: pipeline.raw_pipeline(objects, device=device), rounds),
     ]  # fmt: skip
 
 
@@ -205,27 +209,27 @@ def queue_rows(rounds: int, quick: bool) -> list[Row]:
     def per_s(run: Callable[[], float], n: int) -> Callable[[], float]:
         return lambda: n / run()
 
-    def row(path: str, bridge: Callable[[], float], raw: Callable[[], float], goal: str = "") -> Row:
-        return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
-
     serial = per_s(lambda: overlap.serial(shapes, big, "CL"), big)
     batched = per_s(lambda: overlap.worker(shapes, big, "CL", b), big)
-    demo = row(
+    demo = objects_row(
         f"reference worker --batch {pipeline.BATCH} on CL / the user's tinygrad pipeline on CL ({objects} objects)",
         lambda: pipeline.worker(objects, "CL", batch=pipeline.BATCH),
         lambda: pipeline.user_pipeline(objects, device="CL"),
+        rounds,
         ">= 0.8",
     )
-    versus_serial = row(
+    versus_serial = objects_row(
         f"reference worker --batch {b} on CL, 1 MiB objects / serial (each step waited for)",
         batched,
         serial,
+        rounds,
         ">= 1.0",
     )
-    single = row(
+    single = objects_row(
         "  reference worker --batch 1 on CL, 1 MiB objects / the same",
         per_s(lambda: overlap.worker(shapes, big, "CL"), big),
         serial,
+        rounds,
     )
     # the upload time the batched worker saves against the serial run, over the uploads' own time
     ms = 1e3 / versus_serial.raw - 1e3 / versus_serial.bridge
@@ -239,7 +243,7 @@ def queue_rows(rounds: int, quick: bool) -> list[Row]:
         "",
         [(ms, uploads)],
     )
-    return [demo, versus_serial, single, hidden]  # fmt: skip
+    return [demo, versus_serial, single, hidden]
 
 
 def scaling_rows(rounds: int, quick: bool) -> list[Row]:
