@@ -45,6 +45,7 @@ from devbridge.apps.worker import (
     make_input,
     make_weights,
     mlp_step,
+    one_blas_thread,
     reference_mlp,
     run_demo,
 )
@@ -133,7 +134,8 @@ def raw_pipeline(objects: int, seed: int = 0, device: str = "CPU") -> float:
 
 def _check(out: np.ndarray[Any, Any], last: np.ndarray[Any, Any], seed: int, shapes: Shapes) -> None:
     """The last object's output is numpy's: the pipeline computed what the worker computes."""
-    expected = reference_mlp(last, make_weights(seed, shapes))
+    with one_blas_thread():  # no BLAS thread left spinning beside the next run
+        expected = reference_mlp(last, make_weights(seed, shapes))
     assert np.allclose(out, expected, rtol=1e-4, atol=1e-4), "the pipeline computed something else"
 
 

@@ -40,8 +40,8 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
     ] + (
         [
             "reference worker --batch 8 on CL / the user's tinygrad pipeline on CL (50 objects)",
-            "reference worker --batch 4 on CL, 1 MiB objects / serial (each step waited for)",
-            "  reference worker --batch 1 on CL, 1 MiB objects / the same",
+            "reference worker --batch 8 on CL, 16 objects of 1 MiB / serial (each step waited for)",
+            "  reference worker --batch 1 on CL, the same objects / the same",
             "  upload time saved (serial - worker, ms per object) / uploads alone: the overlap",
         ]
         if TinygradBackend("CL").unusable() is None  # where OpenCL opens (pocl, in CI)

@@ -333,3 +333,26 @@ def test_the_old_import_paths_give_the_same_objects() -> None:
     assert devbridge.backends.make_backend is devbridge.apps.backends.make_backend  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         devbridge.backends.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_producer_makes_numpy_s_answers_on_one_blas_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the answers are made (just before a run starts), BLAS runs on the calling thread
+    alone, and afterwards on as many threads as before: no pool thread is left spinning beside
+    the run on the cores a CPU device computes on."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    before = blas_threads()
+    seen: list[list[int]] = []
+    reference = worker_module.reference_mlp
+
+    def watched(x: Any, w: Any) -> Any:
+        seen.append(blas_threads())
+        return reference(x, w)
+
+    monkeypatch.setattr(worker_module, "reference_mlp", watched)
+    Worker(FakeBackend(), 3, seed=1)
+    assert before and seen == [[1] * len(before)] * 3
+    assert blas_threads() == before

@@ -15,6 +15,7 @@ from devbridge.apps.worker.workload import (
     make_input,
     make_weights,
     mlp_step,
+    one_blas_thread,
     reference_mlp,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "make_input",
     "make_weights",
     "mlp_step",
+    "one_blas_thread",
     "reference_mlp",
     "run_demo",
     "run_devices",

@@ -7,10 +7,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from devbridge.errors import RingFullError
 from devbridge.ring import HostRange, HostRing
@@ -47,6 +49,15 @@ def make_weights(seed: int, shapes: Shapes) -> dict[str, np.ndarray[Any, np.dtyp
 def reference_mlp(x: np.ndarray[Any, Any], w: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     result: np.ndarray[Any, Any] = np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"] + w["b2"]
     return result
+
+
+def one_blas_thread() -> AbstractContextManager[object]:
+    """numpy's matrix products on the calling thread alone, for the block: after a product,
+    OpenBLAS's pool threads spin for a while waiting for the next one, on the cores that a
+    device computing on the CPU (tinygrad's CPU, pocl's CL) needs; answers made just before a
+    run would slow it by a tenth."""
+    limits: AbstractContextManager[object] = threadpool_limits(limits=1, user_api="blas")
+    return limits
 
 
 def mlp_step(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, y: Any) -> None:
@@ -119,9 +130,10 @@ class Producer(threading.Thread):
         # its answers one slice
         self.xs = np.empty((len(self.ks), shapes.rows, shapes.d_in), np.float32)
         self.answers = np.empty((len(self.ks), shapes.rows, shapes.d_out), np.float32)
-        for i, k in enumerate(self.ks):
-            self.xs[i] = make_input(seed, k, shapes)
-            self.answers[i] = reference_mlp(self.xs[i], self.weights)
+        with one_blas_thread():
+            for i, k in enumerate(self.ks):
+                self.xs[i] = make_input(seed, k, shapes)
+                self.answers[i] = reference_mlp(self.xs[i], self.weights)
         self.ready: deque[Batch] = deque()  # batches in the ring
         self.arrived = threading.Condition()  # notified as batches are appended to `ready`
         self.blocked_s = 0.0
