@@ -144,3 +144,18 @@ def test_reserve_wait_bench_runs_and_reports_wake_up_and_cpu(capsys: pytest.Capt
     report = json.loads(capsys.readouterr().out)
     assert sorted(report) == ["cpu_share_max", "cpu_share_median", "hold_ms", "rounds", "wake_ms_median", "wake_ms_p90"]
     assert report["rounds"] == 3 and 0 <= report["wake_ms_median"] <= report["wake_ms_p90"]
+
+
+def test_the_compiled_benchmark_makes_its_changes_in_a_copy_of_the_package(tmp_path: Path) -> None:
+    """bench/compiled.py's changes for mypyc still find their text (once each) in the package,
+    and land in the copy only."""
+    import devbridge
+    from devbridge.bench import compiled
+
+    root = compiled.package_copy(tmp_path)
+    for name, old, new in compiled.CHANGES:
+        copied = (root / "devbridge" / name).read_text()
+        assert new in copied and (not new or old not in copied.replace(new, ""))
+        assert old in (Path(devbridge.__file__).parent / name).read_text()  # the package itself unchanged
+    assert "def __getattr__" not in (root / "devbridge" / "statemachine" / "machine.py").read_text()
+    assert all((root / "devbridge" / name).is_file() for name in compiled.COMPILED)
