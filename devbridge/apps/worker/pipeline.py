@@ -371,9 +371,14 @@ class Worker:
             return
         job.move(stage)
 
+    def part(self, job: Job, whole: DeviceRange, nbytes: int) -> DeviceRange:
+        """The slot's range a batch's copy moves: all of it for a full batch (the range made with
+        the slot), its first `nbytes` for a short last batch."""
+        return whole if len(job.ks) == self.batch else DeviceRange(whole.handle, 0, nbytes)
+
     def upload(self, job: Job) -> None:
         assert job.slot is not None
-        x = job.slot.xr if len(job.ks) == self.batch else DeviceRange(job.slot.x, 0, job.src.nbytes)
+        x = self.part(job, job.slot.xr, job.src.nbytes)
         self.attempt(job, Stage.UPLOAD, lambda: self.bridge.host_to_device(job.src, x, sync=False, release=False))
 
     def compute(self, job: Job) -> None:
@@ -396,7 +401,7 @@ class Worker:
                 job.out = self.outputs.reserve(len(job.ks) * self.out_bytes)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
-        y, out = job.slot.yr if len(job.ks) == self.batch else DeviceRange(job.slot.y, 0, job.out.nbytes), job.out
+        y, out = self.part(job, job.slot.yr, job.out.nbytes), job.out
         self.attempt(job, Stage.DOWNLOAD, lambda: self.bridge.device_to_host(y, out, sync=False))
 
     def deliver(self, job: Job) -> None:
