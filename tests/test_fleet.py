@@ -150,3 +150,41 @@ def test_cli_refuses_bad_options_in_one_line(argv: list[str], message: str) -> N
     assert got.returncode == 2 and got.stdout == ""
     assert message in got.stderr.strip().splitlines()[-1]  # the error is one line (after argparse's usage)
     assert "Traceback" not in got.stderr
+
+
+def orphaned_actors() -> set[int]:
+    """This machine's fleet actor processes (their command line names the class) whose parent,
+    their Ray, is gone (init adopted them). Live fleets of other tests have a parent."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::DeviceActor"):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == 1:
+                    pids.add(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+SCRIPT = """
+import ray
+from devbridge.apps.fleet import run_fleet
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+try:
+    for workers in (1, 2, 1, 2):
+        assert run_fleet(objects=20, workers=workers, backend="fake", batch=10).clean
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the processes from /proc")
+def test_a_run_s_actors_are_gone_when_it_returns() -> None:
+    """A script's runs in a Ray of its own, shut down right after the last one returns: no actor
+    process of theirs outlives them (a kill still on its way when Ray shut down used to leave
+    the actor's process running, its parent gone)."""
+    before = orphaned_actors()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    subprocess.run([sys.executable, "-c", SCRIPT], check=True, capture_output=True, timeout=240, env=env)
+    assert orphaned_actors() - before == set()

@@ -37,6 +37,7 @@ from devbridge.trace import Trace
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
+KILL_WAIT_S = 10.0  # the longest a run waits at its end for its killed actors to be gone
 
 
 class FleetUnavailable(RuntimeError):
@@ -204,6 +205,7 @@ def _drive(
     tally = Tally()  # deliveries by object id, over every batch whose call returned
     kills = replaced = redelivered = restarts = victim = 0
     next_kill = kill_every
+    killed: list[Any] = []  # actors killed mid-run, waited for with the others at the end
     ray.get([actor.ready.remote() for actor in actors])  # the clock starts with every actor up
     start = time.perf_counter()
     while queue or running:
@@ -247,12 +249,17 @@ def _drive(
             busy = {slot for slot, _ in running.values()}
             victim = next(s for s in [*range(victim + 1, workers), *range(victim + 1)] if s in busy)  # in turn
             ray.kill(actors[victim], no_restart=True)
+            killed.append(actors[victim])
             marks.killed(victim)
             kills += 1
             next_kill += kill_every
     seconds = time.perf_counter() - start
     for actor in actors:  # their CPUs go back to Ray now, not when it collects the handles
         ray.kill(actor)
+    for actor in [*actors, *killed]:  # and they are gone before the run returns (a shutdown
+        # right after would otherwise leave a process whose kill was still on its way)
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(actor.ready.remote(), timeout=KILL_WAIT_S)
     return FleetSummary(
         **vars(tally.delivery(objects)),
         seconds=seconds,
