@@ -24,7 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class Row:
     ratio: float
     goal: str  # "<= 1.03" or ">= 0.8"; "" for a row that explains another (no goal of its own)
     rounds: list[tuple[float, float]]  # (bridge, raw) per round
+    key: str = ""  # what the benchmark page finds the row by, for the rows it explains; else ""
 
     @property
     def met(self) -> bool | None:
@@ -135,11 +136,13 @@ def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     for nbytes, goal in ((64, "<= 1.0"), (1 << 20, "<= 1.03"), (16 << 20, "<= 1.03")):
         b = CopyBench(device, nbytes)
         path = f"sync host_to_device {_size(nbytes)} / raw _copyin"
-        rows.append(timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal))
+        row = timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal)
+        rows.append(replace(row, key=f"sync copy {_size(nbytes)}"))
         b.check()
     null = scaling.Setup(10)
     path = "  the bridge's share of 64 B alone (a backend that does nothing) / raw _copyin 64 B"
-    rows.insert(1, timed_row(path, null.copy, CopyBench(device, 64).raw, calls_for(64, quick), rounds, ""))
+    row = timed_row(path, null.copy, CopyBench(device, 64).raw, calls_for(64, quick), rounds, "")
+    rows.insert(1, replace(row, key="own copy work"))
     b = CopyBench(device, 64)
     path = "async host_to_device 64 B + wait() / sync 64 B"
     rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.5"))
@@ -158,14 +161,14 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
         tg.allocate(device, nbytes).deallocate()  # type: ignore[no-untyped-call]
 
     path = "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate"
-    row = timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5")
+    row = replace(timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5"), key="alloc + free")
     null = Bridge(scaling.NullBackend())
 
     def bookkeeping() -> None:
         null.free_device(null.alloc_device(SPEC, nbytes))
 
     path = "  the bridge's share alone (a backend that does nothing) / raw allocate + deallocate"
-    return [row, timed_row(path, bookkeeping, raw, calls, rounds, "")]
+    return [row, replace(timed_row(path, bookkeeping, raw, calls, rounds, ""), key="own alloc + free work")]
 
 
 def objects_row(path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, goal: str = "") -> Row:
@@ -231,9 +234,11 @@ def queue_rows(rounds: int, quick: bool) -> list[Row]:
         rounds,
         ">= 1.0",
     )
+    versus_serial = replace(versus_serial, key="CL worker / serial")
     single = objects_row(
         "  reference worker --batch 1 on CL, the same objects / the same", worker(big, 1), serial(big), rounds
     )
+    single = replace(single, key="CL worker --batch 1 / serial")
     # the upload time the batched worker saves against the serial run, over the uploads' own time
     ms = 1e3 / versus_serial.raw - 1e3 / versus_serial.bridge
     uploads = statistics.median(overlap.serial(shapes, big, "CL", compute=False) * 1e3 / big for _ in range(rounds))
@@ -245,6 +250,7 @@ def queue_rows(rounds: int, quick: bool) -> list[Row]:
         ms / uploads,
         "",
         [(ms, uploads)],
+        "CL overlap",
     )
     return [demo, versus_serial, single, hidden]
 

@@ -2,6 +2,7 @@
 
 from devbridge.apps.fleet import (
     ATTEMPTS,
+    KILL_WAIT_S,
     ActorRun,
     BatchResult,
     DeviceActor,
@@ -14,6 +15,7 @@ from devbridge.apps.fleet import (
 
 __all__ = [
     "ATTEMPTS",
+    "KILL_WAIT_S",
     "ActorRun",
     "BatchResult",
     "DeviceActor",

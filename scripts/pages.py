@@ -140,16 +140,18 @@ def bench_page(report: dict[str, Any], compiled: dict[str, Any]) -> str:
     )
 
 
+def keyed(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The report's rows that have a key (those this page explains), by key."""
+    return {r["key"]: r for r in report["rows"] if r.get("key")}
+
+
 def floor_section(report: dict[str, Any], compiled: dict[str, Any]) -> list[str]:
     """What the per-call goals ask of the bridge's own cost, from the same run's rows: the cost
     a backend that does nothing measures, against the budget each goal leaves it once the real
     backend's part is paid; and what compiling that cost with mypyc did (bench/compiled.py)."""
-    rows = {r["path"].strip(): r for r in report["rows"]}
-    share = rows.get("the bridge's share of 64 B alone (a backend that does nothing) / raw _copyin 64 B")
-    alloc_share = rows.get("the bridge's share alone (a backend that does nothing) / raw allocate + deallocate")
-    small = rows.get("sync host_to_device 64 B / raw _copyin")
-    mib = rows.get("sync host_to_device 1 MiB / raw _copyin")
-    alloc = rows.get("alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate")
+    rows = keyed(report)
+    share, alloc_share = rows.get("own copy work"), rows.get("own alloc + free work")
+    small, mib, alloc = rows.get("sync copy 64 B"), rows.get("sync copy 1 MiB"), rows.get("alloc + free")
     if not (share and alloc_share and small and mib and alloc):
         return []
     work, alloc_work = share["bridge"], alloc_share["bridge"]
@@ -228,12 +230,9 @@ def gap_section(report: dict[str, Any]) -> list[str]:
 
 def queue_section(report: dict[str, Any]) -> list[str]:
     """The worker on a device with its own queue (CL), from the same run's rows, where it ran."""
-    rows = {r["path"].strip(): r for r in report["rows"]}
-    serial = next(
-        (r for path, r in rows.items() if path.startswith("reference worker --batch") and "serial" in path), None
-    )
-    single = rows.get("reference worker --batch 1 on CL, the same objects / the same")
-    overlap = rows.get("upload time saved (serial - worker, ms per object) / uploads alone: the overlap")
+    rows = keyed(report)
+    serial, single = rows.get("CL worker / serial"), rows.get("CL worker --batch 1 / serial")
+    overlap = rows.get("CL overlap")
     if not (serial and single and overlap):
         return []
     return [

@@ -22,6 +22,7 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
     assert main(["bench", "--quick", "--rounds", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["device"] == "CPU" and report["rounds"] == 2
+    cl = TinygradBackend("CL").unusable() is None  # where OpenCL opens (pocl, in CI)
     paths = [row["path"] for row in report["rows"]]
     assert paths == [
         "sync host_to_device 64 B / raw _copyin",
@@ -44,8 +45,27 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
             "  reference worker --batch 1 on CL, the same objects / the same",
             "  upload time saved (serial - worker, ms per object) / uploads alone: the overlap",
         ]
-        if TinygradBackend("CL").unusable() is None  # where OpenCL opens (pocl, in CI)
+        if cl
         else []
+    )
+    keys = {row["key"]: row["path"].strip() for row in report["rows"] if row["key"]}  # what the page reads
+    assert keys == {
+        "sync copy 64 B": "sync host_to_device 64 B / raw _copyin",
+        "own copy work": "the bridge's share of 64 B alone (a backend that does nothing) / raw _copyin 64 B",
+        "sync copy 1 MiB": "sync host_to_device 1 MiB / raw _copyin",
+        "sync copy 16 MiB": "sync host_to_device 16 MiB / raw _copyin",
+        "alloc + free": "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate",
+        "own alloc + free work": "the bridge's share alone (a backend that does nothing) / raw allocate + deallocate",
+    } | (
+        {
+            "CL worker / serial": (
+                "reference worker --batch 8 on CL, 16 objects of 1 MiB / serial (each step waited for)"
+            ),
+            "CL worker --batch 1 / serial": "reference worker --batch 1 on CL, the same objects / the same",
+            "CL overlap": "upload time saved (serial - worker, ms per object) / uploads alone: the overlap",
+        }
+        if cl
+        else {}
     )
     measured = [row for row in report["rows"] if not row["path"].startswith(("bookkeeping", "  upload time saved"))]
     for row in measured:  # two rounds of (bridge, raw), their medians and the medians' ratio
