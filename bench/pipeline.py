@@ -232,12 +232,17 @@ def main() -> None:
         print("\n".join(gap_table(gap(args.objects, args.device))))
         return
     n, device, b = args.objects, args.device, args.batch
+    user, one, many = (
+        "user's pipeline (weights captured), one object a call",
+        "reference worker, --batch 1",
+        (f"reference worker, --batch {b}"),
+    )
     pipelines: dict[str, Callable[[], float]] = {
-        "user's pipeline (weights captured), one object a call": lambda: user_pipeline(n, device=device),
+        user: lambda: user_pipeline(n, device=device),
         f"user's pipeline, {b} objects a call": lambda: user_pipeline(n, device=device, batch=b),
         "six-argument pipeline, one object a call": lambda: raw_pipeline(n, device=device),
-        "reference worker, --batch 1": lambda: worker(n, device),
-        f"reference worker, --batch {b}": lambda: worker(n, device, batch=b),
+        one: lambda: worker(n, device),
+        many: lambda: worker(n, device, batch=b),
     }
     runs: dict[str, list[float]] = {name: [] for name in pipelines}
     for run in pipelines.values():
@@ -249,8 +254,8 @@ def main() -> None:
     print(f"{n} objects per run, {args.rounds} rounds alternating, device {device} (medians, objects/s)")
     for name, figures in runs.items():
         print(f"{name:<56} {medians[name]:8.0f}   runs {[round(v) for v in figures]}")
-    user, one, many = (medians[name] for name in list(pipelines)[:1] + list(pipelines)[3:])
-    print(f"worker --batch {b} / user: {many / user:.2f} (goal >= 0.8)   worker --batch 1 / user: {one / user:.2f}")
+    ratio_many, ratio_one = medians[many] / medians[user], medians[one] / medians[user]
+    print(f"worker --batch {b} / user: {ratio_many:.2f} (goal >= 0.8)   worker --batch 1 / user: {ratio_one:.2f}")
 
 
 if __name__ == "__main__":

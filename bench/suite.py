@@ -24,7 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -67,7 +67,14 @@ def per_call(fn: Call, calls: int) -> float:
 
 
 def side_by_side(
-    path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, unit: str, goal: str, scale: float
+    path: str,
+    bridge: Callable[[], float],
+    raw: Callable[[], float],
+    rounds: int,
+    unit: str,
+    goal: str,
+    scale: float,
+    key: str = "",
 ) -> Row:
     """Run `bridge` and `raw` (each returns one run's figure) in `rounds` rounds after a warm-up;
     each round runs them raw, bridge, bridge, raw (ABBA: whatever favours a position in the round
@@ -82,7 +89,7 @@ def side_by_side(
         r2 = raw()
         pairs.append(((b1 + b2) / 2 * scale, (r1 + r2) / 2 * scale))
     b, r = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-    return Row(path, b, r, unit, b / r, goal, pairs)
+    return Row(path, b, r, unit, b / r, goal, pairs, key)
 
 
 class CopyBench:
@@ -127,8 +134,10 @@ def calls_for(nbytes: int, quick: bool) -> int:
     return max(5, calls // 20) if quick else calls
 
 
-def timed_row(path: str, bridge: Call, raw: Call, calls: int, rounds: int, goal: str) -> Row:
-    return side_by_side(path, lambda: per_call(bridge, calls), lambda: per_call(raw, calls), rounds, "µs", goal, 1e6)
+def timed_row(path: str, bridge: Call, raw: Call, calls: int, rounds: int, goal: str, key: str = "") -> Row:
+    return side_by_side(
+        path, lambda: per_call(bridge, calls), lambda: per_call(raw, calls), rounds, "µs", goal, 1e6, key
+    )
 
 
 def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
@@ -136,13 +145,15 @@ def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     for nbytes, goal in ((64, "<= 1.0"), (1 << 20, "<= 1.03"), (16 << 20, "<= 1.03")):
         b = CopyBench(device, nbytes)
         path = f"sync host_to_device {_size(nbytes)} / raw _copyin"
-        row = timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal)
-        rows.append(replace(row, key=f"sync copy {_size(nbytes)}"))
+        rows.append(
+            timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal, f"sync copy {_size(nbytes)}")
+        )
         b.check()
     null = scaling.Setup(10)
     path = "  the bridge's share of 64 B alone (a backend that does nothing) / raw _copyin 64 B"
-    row = timed_row(path, null.copy, CopyBench(device, 64).raw, calls_for(64, quick), rounds, "")
-    rows.insert(1, replace(row, key="own copy work"))
+    rows.insert(
+        1, timed_row(path, null.copy, CopyBench(device, 64).raw, calls_for(64, quick), rounds, "", "own copy work")
+    )
     b = CopyBench(device, 64)
     path = "async host_to_device 64 B + wait() / sync 64 B"
     rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.5"))
@@ -161,19 +172,21 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
         tg.allocate(device, nbytes).deallocate()  # type: ignore[no-untyped-call]
 
     path = "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate"
-    row = replace(timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5"), key="alloc + free")
+    row = timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5", "alloc + free")
     null = Bridge(scaling.NullBackend())
 
     def bookkeeping() -> None:
         null.free_device(null.alloc_device(SPEC, nbytes))
 
     path = "  the bridge's share alone (a backend that does nothing) / raw allocate + deallocate"
-    return [row, replace(timed_row(path, bookkeeping, raw, calls, rounds, ""), key="own alloc + free work")]
+    return [row, timed_row(path, bookkeeping, raw, calls, rounds, "", "own alloc + free work")]
 
 
-def objects_row(path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, goal: str = "") -> Row:
+def objects_row(
+    path: str, bridge: Callable[[], float], raw: Callable[[], float], rounds: int, goal: str = "", key: str = ""
+) -> Row:
     """A row of two pipelines' objects per second (each callable runs one and returns it)."""
-    return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0)
+    return side_by_side(path, bridge, raw, rounds, "obj/s", goal, 1.0, key)
 
 
 def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
@@ -233,12 +246,15 @@ def queue_rows(rounds: int, quick: bool) -> list[Row]:
         serial(big),
         rounds,
         ">= 1.0",
+        "CL worker / serial",
     )
-    versus_serial = replace(versus_serial, key="CL worker / serial")
     single = objects_row(
-        "  reference worker --batch 1 on CL, the same objects / the same", worker(big, 1), serial(big), rounds
+        "  reference worker --batch 1 on CL, the same objects / the same",
+        worker(big, 1),
+        serial(big),
+        rounds,
+        key="CL worker --batch 1 / serial",
     )
-    single = replace(single, key="CL worker --batch 1 / serial")
     # the upload time the batched worker saves against the serial run, over the uploads' own time
     ms = 1e3 / versus_serial.raw - 1e3 / versus_serial.bridge
     uploads = statistics.median(overlap.serial(shapes, big, "CL", compute=False) * 1e3 / big for _ in range(rounds))

@@ -54,8 +54,8 @@ def reference_mlp(x: np.ndarray[Any, Any], w: dict[str, np.ndarray[Any, Any]]) -
 def one_blas_thread() -> AbstractContextManager[object]:
     """numpy's matrix products on the calling thread alone, for the block: after a product,
     OpenBLAS's pool threads spin for a while waiting for the next one, on the cores that a
-    device computing on the CPU (tinygrad's CPU, pocl's CL) needs; answers made just before a
-    run would slow it by a tenth."""
+    device computing on the CPU (tinygrad's CPU, pocl's CL) needs: answers made just before a
+    run would take them from its kernels."""
     limits: AbstractContextManager[object] = threadpool_limits(limits=1, user_api="blas")
     return limits
 
