@@ -27,9 +27,10 @@ Completion events:
   block exits).
 
 Synchronous copies on an idle CPU device (no work queued: the check
-tinygrad's own `synchronize` makes first) are a `ctypes.memmove` on the
-buffer's address, skipping the allocator's per-call synchronize; with work
-queued they go through `_copyin`/`_copyout`, which synchronize first.
+tinygrad's own `synchronize` makes first) skip the allocator's per-call
+synchronize: a slice assignment of the buffer's own bytes up to 1 MiB, a
+`ctypes.memmove` on its address above; with work queued they go through
+`_copyin`/`_copyout`, which synchronize first.
 
 Issue order of copies: the Bridge never submits a copy while one it
 conflicts with is in flight (ORDER-1); on CPU the copy thread runs
@@ -50,6 +51,14 @@ device's in-order queue); tinygrad returns the memory to its LRU
 cache only once no tinygrad object (a view, a lazy graph built on one)
 refers to it any more. So a reused address is never visible through an old
 view, and old handles never reach the backend (the Bridge rejects them).
+
+A Buffer that was never viewed, freed where it would be dropped at once, is
+kept instead for the next allocation of its size (a caching allocator, as
+PyTorch's: that allocation is a list pop, not a Buffer and the allocator's
+calls): a few per size, a bounded total, none across a generation, all given
+back to tinygrad before an allocation that fails is tried again. A Buffer
+that was viewed is never kept: tinygrad objects built on it may hold state
+about it, so it goes back to tinygrad as before.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ import contextlib
 import ctypes
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -77,6 +87,13 @@ MIN_PAUSE_S, MAX_PAUSE_S = 0.00005, 0.002  # waiting on a device marker: the pau
 #: An asynchronous copy up to this size on an idle CPU device is made at once (done on return):
 #: handing it to the copy thread costs more in thread switching than the memmove itself.
 INLINE_MAX_BYTES = 64 << 10
+#: Freed Buffers kept for reuse: at most this many of one size, and this many bytes in all.
+POOL_PER_SIZE = 4
+POOL_MAX_BYTES = 64 << 20
+#: A direct copy (an idle CPU device) up to this size is a slice assignment of the device's bytes:
+#: no ctypes call (a tenth of a 64 B memmove's cost). It holds the GIL; larger ones use memmove,
+#: which releases it.
+VIEW_COPY_MAX_BYTES = 1 << 20
 
 
 @dataclass(eq=False)
@@ -134,6 +151,9 @@ class TinygradBackend:
         self._copies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-copy")
         self._listeners: list[Callable[[object], None]] = []
         self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
+        self._pool: dict[int, list[tg.Buffer]] = {}  # freed, never viewed: for the next allocation of their size
+        self._pooled_bytes = 0
+        self._viewed: weakref.WeakSet[tg.Buffer] = weakref.WeakSet()  # Buffers a view was made over
         self._gate = threading.Event()
         self._gate.set()
         self.capabilities = tg.capabilities(self.device)
@@ -144,27 +164,41 @@ class TinygradBackend:
             from devbridge.backends.tinygrad_cl import CLQueue
 
             self._queue = CLQueue(self.device)
-        self.direct_copies = 0  # synchronous copies made by memmove on an idle CPU device
+        self.direct_copies = 0  # synchronous copies made at once on an idle CPU device
+        self._host_views: weakref.WeakKeyDictionary[tg.Buffer, memoryview] = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------ Backend protocol
 
     def begin_generation(self, generation: int) -> None:
         self.generation = generation
+        self.trim()  # a new generation (often after a fault) starts from tinygrad's own memory
 
     def alloc(self, nbytes: int, dtype: str) -> object:
+        with self._lock:
+            if pooled := self._pool.get(nbytes):
+                self._pooled_bytes -= nbytes
+                return pooled.pop()
         self._reap()
         try:
             return tg.allocate(self.device, nbytes)
         except Exception as e:  # tinygrad raises RuntimeError, MemoryError or OSError here
+            if not self.trim():
+                raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
+        try:  # once more, with the kept Buffers given back to tinygrad
+            return tg.allocate(self.device, nbytes)
+        except Exception as e:
             raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
 
     def free(self, buffer: object) -> None:
         buf = self._buffer(buffer)
         if self._idle is not None and self._idle():
-            return  # nothing queued can still use it: dropped now
+            self._keep(buf)  # nothing queued can still use it: kept or dropped now
+            return
         if self._queue is not None:
-            # dropped now: whatever reuses the memory (tinygrad's LRU cache hands the cl_mem to a
-            # later Buffer) is enqueued on the same in-order queue, after the work queued before
+            # kept or dropped now: whatever reuses the memory (an allocation of ours, or
+            # tinygrad's LRU cache handing the cl_mem to a later Buffer) is enqueued on the same
+            # in-order queue, after the work queued before
+            self._keep(buf)
             return
         probe = self._marker()
         with self._lock:
@@ -223,8 +257,10 @@ class TinygradBackend:
             token.probe = self._marker()
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+        buf = self._buffer(buffer)
+        self._viewed.add(buf)  # never kept for reuse once freed
         try:
-            return tg.tensor_view(self._buffer(buffer), offset, shape, dtype)
+            return tg.tensor_view(buf, offset, shape, dtype)
         except Exception as e:
             raise BackendError(f"{self.device}: cannot view {shape} {dtype} at {offset}: {e}") from e
 
@@ -396,19 +432,62 @@ class TinygradBackend:
         return sync or (nbytes <= INLINE_MAX_BYTES and self._gate.is_set())
 
     def _direct(self, buf: tg.Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
-        """A copy by memmove, where the device is host memory with no work queued (so the
-        allocator's synchronize would return at once); False to go through the allocator or the
-        copy thread. Copies in flight on the copy thread touch other bytes: the Bridge orders
-        conflicting ones (ORDER-1)."""
-        moved = self._idle is not None and self._idle() and tg.move_now(buf, offset, host, into_device=into_device)
-        self.direct_copies += moved
-        return moved
+        """A copy between host bytes and the device's own, where the device is host memory with no
+        work queued (so the allocator's synchronize would return at once); False to go through
+        the allocator or the copy thread. Copies in flight on the copy thread touch other bytes:
+        the Bridge orders conflicting ones (ORDER-1)."""
+        if self._idle is None or not self._idle():
+            return False
+        nbytes = len(host)
+        if nbytes <= VIEW_COPY_MAX_BYTES and host.format == "B" and (memory := self._device_bytes(buf)) is not None:
+            if into_device:
+                memory[offset : offset + nbytes] = host
+            else:
+                host[:] = memory[offset : offset + nbytes]
+        elif not tg.move_now(buf, offset, host, into_device=into_device):
+            return False
+        self.direct_copies += 1
+        return True
+
+    def _device_bytes(self, buf: tg.Buffer) -> memoryview | None:
+        """A CPU Buffer's memory as bytes, made on its first direct copy and kept while it lives."""
+        memory = self._host_views.get(buf)
+        if memory is None and (memory := tg.host_bytes(buf)) is not None:
+            self._host_views[buf] = memory
+        return memory
 
     def _notify(self, token: TinygradToken) -> None:
         with self._lock:
             listeners = list(self._listeners)
         for listener in listeners:
             listener(token)
+
+    def trim(self) -> int:
+        """Give every kept Buffer back to tinygrad (its LRU cache); how many there were."""
+        with self._lock:
+            kept = [buf for pooled in self._pool.values() for buf in pooled]
+            self._pool.clear()
+            self._pooled_bytes = 0
+        return len(kept)
+
+    def pooled(self) -> dict[int, int]:
+        """How many freed Buffers are kept for reuse, by size in bytes."""
+        with self._lock:
+            return {nbytes: len(pooled) for nbytes, pooled in sorted(self._pool.items()) if pooled}
+
+    def _keep(self, buf: tg.Buffer) -> None:
+        """Keep a freed Buffer no work uses any more for the next allocation of its size, while
+        the bounds allow and no view was ever made over it; else drop it (to tinygrad)."""
+        nbytes = buf.nbytes
+        with self._lock:
+            pooled = self._pool.setdefault(nbytes, [])
+            if (
+                len(pooled) < POOL_PER_SIZE
+                and self._pooled_bytes + nbytes <= POOL_MAX_BYTES
+                and buf not in self._viewed
+            ):
+                pooled.append(buf)
+                self._pooled_bytes += nbytes
 
     def _reap(self) -> None:
         if not self._parked:  # (a racy read: a buffer parked meanwhile waits for the next call)

@@ -108,6 +108,7 @@ class Bridge(Waiting, Introspection):
         # what its events ask
         self._link = Link(self._refresh, self._wait_backend, self._entered, self._closed, self._watcher.future)
         self._counts: Counter[str] = Counter()
+        self._copies_in = self._bytes_in = self._copies_out = self._bytes_out = 0
         self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
         self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
@@ -170,7 +171,7 @@ class Bridge(Waiting, Introspection):
             self._drain()
             if type(spec) is not ObjectSpec:
                 raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {short(spec)}")
-            size = as_count(extent)
+            size = extent if type(extent) is int else as_count(extent)
             if size is None or not 0 < size <= MAX_EXTENT:
                 raise RangeError("ALLOC-1", f"extent must be an int in [1, 2**48], got {short(extent)}")
             if size % spec.itemsize:
@@ -186,7 +187,7 @@ class Bridge(Waiting, Introspection):
             self._counts["allocs"] += 1
             self._memory.allocated(spec.role, size)
             seal = self._seal(record.id, record.generation, size, spec)
-            handle = DeviceHandle(record.id, record.generation, size, spec, self._owner, seal)
+            handle = DeviceHandle._issued(record.id, record.generation, size, spec, self._owner, seal)
             record.handle = handle
             return handle
 

@@ -10,6 +10,12 @@ bytes released, output valid, deferred frees to the backend) and settles the eve
 synchronous copy or compute() that must follow earlier uses waits for them without the lock,
 blocking on the backend.
 
+The per-call path: a synchronous copy that the checks would let straight through to one
+composite step (the issued handle of a live allocation with nothing in flight on it, a range
+within its extent, a step the core made before from its state) finds that step in one lookup
+(`_plain`, the core's `plain_step`) and skips the checks' other work; anything else, every
+refusal included, goes through the checks, which name the rule.
+
 Nothing a caller hands in is trusted: a handle is resolved to the bridge's own record
 (HANDLE-1), and only the record's extent, spec and memory are used. A backend failure anywhere
 becomes a typed error and never loses an event: a failed query, wait or marker settles the
@@ -23,7 +29,6 @@ import threading
 import time
 import weakref
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from devbridge import aio, transfer
 from devbridge.backends.base import OK, Backend, BackendError, Status
@@ -36,18 +41,10 @@ from devbridge.errors import (
 from devbridge.events import ComputeEvent, CopyEvent, Event, Link
 from devbridge.memory import MemoryBook
 from devbridge.ring import HostRange
-from devbridge.statemachine.core import SUBMIT, Allocation, Effects, InFlight, LifecycleCore
+from devbridge.statemachine.core import SUBMIT, Allocation, Composite, Effects, InFlight, LifecycleCore
 from devbridge.stats import Holder
 from devbridge.trace import BridgeTrace
-from devbridge.types import (
-    DeviceHandle,
-    DeviceRange,
-    ObjectSpec,
-)
-
-if TYPE_CHECKING:
-    pass
-
+from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec
 
 #: How often wait_any queries again when no completion wakes it (for tokens a backend cannot report).
 POLL_S = 0.002
@@ -69,6 +66,11 @@ class Engine:
     _watcher: aio.Watcher
     _link: Link  # what its events ask
     _counts: Counter[str]
+    # the traffic, counted apart from `_counts`: once or twice on every copy
+    _copies_in: int
+    _bytes_in: int
+    _copies_out: int
+    _bytes_out: int
     _release_failures: list[str]  # deferred backend frees that failed, for the next poll()
     _staging: transfer.Staging  # host bytes of uploads and downloads given no ring
     _anchors: weakref.WeakValueDictionary[int, object]  # view use -> anchor
@@ -92,49 +94,27 @@ class Engine:
         while True:
             with self._lock:
                 self._drain()
+                if sync and (plain := self._plain(kind, host, device)) is not None:
+                    record, step = plain  # what the checks below would find, found at once
+                    self._check_host(host, into_device)
+                    token = self._submit_now(kind, record.memory, device.offset, host, src, dst, True)
+                    return self._copied(kind, self._core.take(record, step), record, host, keep_host, token, src, dst)
                 key, record = self._check_copy(host, device, "H2D-1" if into_device else "D2H-1")
-                if into_device:
-                    host.ring.check_source(host)
-                else:
-                    host.ring.check_dest(host)
+                self._check_host(host, into_device)
                 span = (device.offset, device.offset + device.nbytes)
-                # (nothing in flight on the allocation: nothing to follow, the per-call path)
+                # (nothing in flight on the allocation: nothing to follow)
                 plan = self._core.plan(kind, [key], span, sync) if record.accesses else SUBMIT
                 if plan.blocker is None:
-                    before = plan.before
-                    token = None  # held back behind `before` (ORDER-1)
+                    before = plan.before  # when any, it is held back behind them (no token yet: ORDER-1)
+                    token = None
                     if not before:
-                        raw = host.ring.raw(host)
-                        try:  # (`_submit`, inlined: this is the per-call path)
-                            if into_device:
-                                token = self._backend.copy_in(record.memory, device.offset, raw, sync=sync)
-                            else:
-                                token = self._backend.copy_out(raw, record.memory, device.offset, sync=sync)
-                        except BackendError as e:
-                            self._counts["copy_failures"] += 1
-                            if not into_device:  # a failed output range is never readable
-                                host.ring.begin_write(host)
-                                host.ring.end_write(host, valid=False)
-                            call = "host_to_device" if into_device else "device_to_host"
-                            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
-                    counts = self._counts
-                    if into_device:
-                        counts["copies_in"] += 1
-                        counts["bytes_in"] += host.nbytes
-                    else:
-                        counts["copies_out"] += 1
-                        counts["bytes_out"] += host.nbytes
+                        token = self._submit_now(kind, record.memory, device.offset, host, src, dst, sync)
                     # a synchronous copy here follows nothing: submitted, and done on return
                     if (status := OK if sync else self._first_status(token)) is OK:
                         # done already: one composite step, nothing in flight (H2D-2, D2H-2)
                         use_id = self._core.instant(kind, key)
-                        if self._trace is not None:
-                            self._trace.instant(kind, record, host.nbytes)
-                        if into_device:
-                            host.ring.read_done(host, not keep_host)
-                        else:
-                            host.ring.write_done(host)
-                        return self._done(CopyEvent(self._link, use_id, token, src, dst))
+                        return self._copied(kind, use_id, record, host, keep_host, token, src, dst)
+                    self._count(into_device, host.nbytes)
                     use = self._core.begin(kind, [key], host=host, keep_host=keep_host, span=span, before=before)
                     if into_device:
                         host.ring.begin_read(host)
@@ -143,6 +123,88 @@ class Engine:
                     return self._submitted(use, CopyEvent(self._link, use.id, token, src, dst), status)
                 blocker = plan.blocker.event
             self._wait_for(blocker)
+
+    def _plain(self, kind: str, host: object, device: object) -> tuple[Allocation, Composite] | None:
+        """The record and step of a synchronous copy that `_copy`'s checks would let through to
+        one composite step, found without them (the per-call path): the issued handle of a live
+        allocation with nothing in flight on it, a range within its extent as long as the host
+        range, a step the core made before. None: the checks decide (and name what they refuse)."""
+        if type(host) is not HostRange or type(device) is not DeviceRange:
+            return None
+        handle = device.handle
+        if type(handle) is not DeviceHandle or type(handle.id) is not int:
+            return None
+        record = self._core.allocation(handle.id)
+        if record is None or record.handle is not handle or record.accesses:
+            return None
+        offset, nbytes = device.offset, device.nbytes
+        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= record.extent - offset):
+            return None
+        if nbytes != host.nbytes or (step := self._core.plain_step(record, kind)) is None:
+            return None
+        return record, step
+
+    @staticmethod
+    def _check_host(host: HostRange, into_device: bool) -> None:
+        """The host side of a copy: a range an input copy may read or an output copy may write."""
+        if into_device:
+            host.ring.check_source(host)
+        else:
+            host.ring.check_dest(host)
+
+    def _submit_now(
+        self,
+        kind: str,
+        memory: object,
+        offset: int,
+        host: HostRange,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+        sync: bool,
+    ) -> object:
+        """Hand a copy to the backend on the caller's call; its token. A failure raises the copy's
+        error (COPY-F), and a failed output range is never readable."""
+        try:
+            return self._submit(kind, memory, offset, host, sync)
+        except BackendError as e:
+            self._counts["copy_failures"] += 1
+            if kind == "copy_out":
+                host.ring.begin_write(host)
+                host.ring.end_write(host, valid=False)
+            call = "host_to_device" if kind == "copy_in" else "device_to_host"
+            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
+
+    def _copied(
+        self,
+        kind: str,
+        use_id: int,
+        record: Allocation,
+        host: HostRange,
+        keep_host: bool,
+        token: object,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+    ) -> CopyEvent:
+        """A copy the backend finished on the call, after its step: counted, traced, its host
+        bytes released (an input's) or valid (an output's); its event, settled."""
+        into_device = kind == "copy_in"
+        self._count(into_device, host.nbytes)
+        if self._trace is not None:
+            self._trace.instant(kind, record, host.nbytes)
+        if into_device:
+            host.ring.read_done(host, not keep_host)
+        else:
+            host.ring.write_done(host)
+        return self._link.copied(use_id, token, src, dst)
+
+    def _count(self, into_device: bool, nbytes: int) -> None:
+        """A copy the backend took (or one held back): the traffic `stats()` counts."""
+        if into_device:
+            self._copies_in += 1
+            self._bytes_in += nbytes
+        else:
+            self._copies_out += 1
+            self._bytes_out += nbytes
 
     def _submit(self, kind: str, memory: object, offset: int, host: HostRange, sync: bool) -> object:
         """Hand a copy to the backend; its token."""
@@ -230,11 +292,6 @@ class Engine:
             self._counts["held"] += 1
         elif status.done:
             self._finish(event, status)
-        return event
-
-    @staticmethod
-    def _done(event: CopyEvent) -> CopyEvent:
-        Link.settle(event, None)
         return event
 
     def _track(self, use: InFlight, event: Event) -> None:

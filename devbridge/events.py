@@ -37,6 +37,14 @@ class Link:
         self.close = close  # a compute's block is over: its work is all enqueued
         self.future = future  # an asyncio future of the running loop that ends as the event does
 
+    def copied(
+        self, use_id: int, backend_token: object, src: HostRange | DeviceRange, dst: HostRange | DeviceRange
+    ) -> CopyEvent:
+        """The event of a copy done before its event was made (a synchronous one): settled."""
+        event = CopyEvent(self, use_id, backend_token, src, dst)
+        event._done = True
+        return event
+
     def owns(self, event: object) -> bool:
         return isinstance(event, Event) and event._link is self
 
@@ -123,7 +131,12 @@ class CopyEvent(Event):
         src: HostRange | DeviceRange,
         dst: HostRange | DeviceRange,
     ) -> None:
-        super().__init__(link, use_id, backend_token)
+        # (Event's fields set here, not by super().__init__: a copy's event is made on the per-call path)
+        self._link = link
+        self.use_id = use_id
+        self.backend_token = backend_token
+        self._done = False
+        self._error: BridgeError | None = None
         self.src = src
         self.dst = dst
 

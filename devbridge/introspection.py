@@ -90,7 +90,13 @@ class Introspection(Engine):
         with self._lock:
             self._drain()
             live = list(self._core.allocations())
-            counts = {name: self._counts[name] for name in COUNTED}
+            traffic = {
+                "copies_in": self._copies_in,
+                "bytes_in": self._bytes_in,
+                "copies_out": self._copies_out,
+                "bytes_out": self._bytes_out,
+            }
+            counts = {name: traffic.get(name, self._counts[name]) for name in COUNTED}
             return Stats(
                 generation=self._core.generation,
                 live_allocations=len(live),

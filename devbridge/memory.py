@@ -57,8 +57,10 @@ class _Tally:
         self.bytes_in += nbytes
         self.count_now += 1
         self.count_in += 1
-        self.bytes_peak = max(self.bytes_peak, self.bytes_now)
-        self.count_peak = max(self.count_peak, self.count_now)
+        if self.bytes_now > self.bytes_peak:
+            self.bytes_peak = self.bytes_now
+        if self.count_now > self.count_peak:
+            self.count_peak = self.count_now
 
     def remove(self, nbytes: int) -> None:
         self.bytes_now -= nbytes
@@ -89,7 +91,9 @@ class MemoryBook:
     def allocated(self, role: str, nbytes: int) -> None:
         """The backend allocated `nbytes` for an object of `role`."""
         self._all.add(nbytes)
-        self._roles.setdefault(role, _Tally()).add(nbytes)
+        if (tally := self._roles.get(role)) is None:
+            tally = self._roles[role] = _Tally()
+        tally.add(nbytes)
         if self.observer is not None:
             self.observer(self._all.bytes_now)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from devbridge.args import as_count, as_seconds
 from devbridge.buffers import array_layout, byte_view
 from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
-from devbridge.types import range_fields
+from devbridge.types import range_fields, slot_setters
 
 if TYPE_CHECKING:
     import numpy as np
@@ -112,7 +112,7 @@ class HostRing:
             RingFullError: RING-2, when they do not fit by the timeout (a reservation that
                 fits always succeeds), or at once when they exceed the ring's capacity;
                 nothing is overwritten or changed."""
-        n = as_count(nbytes)
+        n = nbytes if type(nbytes) is int else as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
         # (the default, 0.0, without a check: this is the per-call path)
@@ -231,7 +231,8 @@ class HostRing:
     def check_source(self, r: HostRange) -> None:
         """An input copy may read `r` (RING-3, D2H-3). Changes nothing."""
         with self._lock:
-            self._check_live(r, "RING-3")
+            if not self._live(r):
+                self._check_live(r, "RING-3")
             if self._writes and _overlaps(self._writes, r):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are being written by a pending output copy")
             if self._failed and _overlaps(self._failed, r):
@@ -240,7 +241,8 @@ class HostRing:
     def check_dest(self, r: HostRange) -> None:
         """An output copy may write `r` (RING-3). Changes nothing."""
         with self._lock:
-            self._check_live(r, "RING-3")
+            if not self._live(r):
+                self._check_live(r, "RING-3")
             if (self._reads and _overlaps(self._reads, r)) or (self._writes and _overlaps(self._writes, r)):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
 
@@ -267,7 +269,10 @@ class HostRing:
         """A synchronous input copy read `r` (begin_read and end_read in one)."""
         if release:
             with self._lock:
-                self._release_read(r)
+                if self._reads:
+                    self._release_read(r)
+                else:  # no other input copy reads any byte: all of `r` goes (the per-call path)
+                    self._cut_span(r.start, r.start + r.nbytes)
 
     def _release_read(self, r: HostRange) -> None:
         pieces = [(r.start, r.start + r.nbytes)]
@@ -369,6 +374,14 @@ class HostRing:
         i = bisect_right(self._starts, r.start) - 1
         return i if i >= 0 and r.end <= self._ends[i] else -1
 
+    def _live(self, r: HostRange) -> bool:
+        """Whether `r` is a range of this ring inside one unreleased span (`_check_live` without
+        its errors, in one call: the per-call path)."""
+        if type(r) is not HostRange or r.ring is not self:
+            return False
+        i = bisect_right(self._starts, r.start) - 1
+        return i >= 0 and r.start + r.nbytes <= self._ends[i]
+
     def _check_live(self, r: HostRange, rule: str) -> None:
         self._check_ring(r)
         if self._find(r) < 0:
@@ -418,9 +431,9 @@ class HostRange:
     def _made(cls, ring: HostRing, start: int, nbytes: int) -> HostRange:
         """A range the ring made itself, known valid: built without the checks (the hot path)."""
         r = object.__new__(cls)
-        _set(r, "ring", ring)
-        _set(r, "start", start)
-        _set(r, "nbytes", nbytes)
+        _set_ring(r, ring)
+        _set_start(r, start)
+        _set_nbytes(r, nbytes)
         return r
 
     @property
@@ -436,4 +449,5 @@ class HostRange:
         return HostRange._made(self.ring, self.start + o, n)
 
 
-_set = object.__setattr__  # fills a frozen range without running its checks again
+# fill a frozen range without running its checks again
+_set_ring, _set_start, _set_nbytes = slot_setters(HostRange, "ring", "start", "nbytes")

@@ -52,6 +52,8 @@ class Ledger:
         #: (state, kind, level(copies), level(computes)) -> a use's begin and end: the two compiled
         #: steps (what an observer sees) and the state they lead to (per core: `_compose` fills it)
         self._instant: dict[tuple[str, str, int, int], Composite] = {}
+        #: (state, no copies, no computes) -> whether the spec's `where` admits it (`_admits`)
+        self._admitted: dict[tuple[str, bool, bool], bool] = {}
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
@@ -252,10 +254,32 @@ class Ledger:
         if self.observer is not None:  # coverage tools see both spec steps
             self.observer(record.state, step.begin, step.first)
             self.observer(step.middle, step.end, step.then)
-        record.state = step.dest
+        use_id = self.take(record, step)
         if self.tracer is not None:
             self.tracer.state(record, step.begin, step.middle)  # both of the composite's steps
             self.tracer.state(record, step.end, step.dest)
+        return use_id
+
+    def _admits(self, state: str, copies: int, computes: int) -> bool:
+        """The spec's `admits` (its `where` tells only zero from not), asked once per case."""
+        case = (state, copies == 0, computes == 0)
+        if (admitted := self._admitted.get(case)) is None:
+            admitted = self._admitted[case] = self._spec.states[state].admits(copies, computes)
+        return admitted
+
+    def plain_step(self, record: Allocation, kind: str) -> Composite | None:
+        """The step a use of `kind` on the live `record` that begins and ends at once would take,
+        found in one lookup when `instant` made it before from this state: its begin passed the
+        table's check then, and passes it now (the per-call path). None: the caller asks `check`
+        and `instant` (a step not made yet, a refusal, or an observer or tracer to tell)."""
+        if self.observer is not None or self.tracer is not None:
+            return None
+        copies, computes = record.copies, record.computes  # their levels, without two calls
+        return self._instant.get((record.state, kind, copies if copies < 2 else 2, computes if computes < 2 else 2))
+
+    def take(self, record: Allocation, step: Composite) -> int:
+        """Take the step `plain_step` found, once the backend finished the use. Its use id."""
+        record.state = step.dest
         self._next_use += 1
         return self._next_use - 1
 
@@ -399,7 +423,7 @@ class Ledger:
         record.state = step.dest
         if self.tracer is not None:
             self.tracer.state(record, event, record.state)
-        if not self._spec.states[step.dest].admits(record.copies, record.computes):
+        if not self._admits(step.dest, record.copies, record.computes):
             raise InvariantViolation(
                 "INV-COUNTS",
                 f"allocation #{alloc_id} is {step.dest} after {event} with {record.copies} copies "

@@ -381,3 +381,34 @@ def test_an_async_copy_the_backend_finishes_at_submission_ends_as_a_sync_copy_do
     (sync_state, sync_stats, sync_ring), (async_state, async_stats, async_ring) = results
     assert async_state == sync_state == "idle" and async_ring == sync_ring
     assert async_stats == sync_stats and async_stats.pending_events == 0
+
+
+@pytest.mark.holds("H2D-1", "H2D-2", "D2H-1", "D2H-2")
+def test_a_repeated_sync_copy_takes_the_per_call_path_with_the_same_effects(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """The first synchronous copy of a kind from a state goes through the core's check and its
+    composite step; the next ones find that step at once (no check): the same backend calls,
+    bytes, releases, events and counts."""
+    h = bridge.alloc_device(U8, 64)
+    checks: list[str] = []
+    check = bridge._core.check
+    bridge._core.check = lambda handles, event: (checks.append(event), check(handles, event))[1]  # type: ignore[method-assign]
+    for i in range(3):
+        src = put(ring, bytes([i + 1]) * 16)
+        event = bridge.host_to_device(src, DeviceRange(h, 16 * i, 16))
+        assert event.done() and event.error is None and (event.src, event.dst) == (src, DeviceRange(h, 16 * i, 16))
+        assert ring.released(src) and fake.calls[-1] == Call("copy_in", 0, 16 * i, 16, True, 2 * i)
+        out = ring.reserve(16)
+        event = bridge.device_to_host(DeviceRange(h, 16 * i, 16), out)
+        assert event.done() and event.error is None and bytes(ring.view(out)) == bytes([i + 1]) * 16
+        assert fake.calls[-1] == Call("copy_out", 0, 16 * i, 16, True, 2 * i + 1) and not ring.released(out)
+        ring.release(out)
+    # checked: the first copy in (allocated), the first out and the second in (idle); then looked up
+    assert checks == ["copy_begin"] * 3
+    assert fake.ops() == ["alloc"] + ["copy_in", "copy_out"] * 3
+    stats = bridge.stats()
+    assert (stats.copies_in, stats.bytes_in, stats.copies_out, stats.bytes_out) == (3, 48, 3, 48)
+    assert bridge.pins(h).state == "idle" and bytes(fake.buffer(0).data) == bytes(
+        [1] * 16 + [2] * 16 + [3] * 16 + [0] * 16
+    )

@@ -291,3 +291,51 @@ def test_a_free_or_restart_told_no_time_counts_its_wait_from_zero() -> None:
     assert core.waited(a.id, 5.0) == 5.0
     core.restart()
     assert core.waited(b.id, 7.0) == 7.0
+
+
+@pytest.mark.holds("EVENT-1")
+def test_the_per_call_step_is_the_one_instant_made_from_the_same_state_and_counts() -> None:
+    """plain_step finds in one lookup the composite step `instant` made before from the same
+    state, kind and counts (its begin was checked then); none otherwise, and none while an
+    observer or a tracer must see each step. `take` advances the record and the use ids as
+    `instant` does."""
+    core = LifecycleCore()
+    rec = core.add(8, spec=None, memory="m")
+    assert core.plain_step(rec, "copy_in") is None  # not made yet: check and instant decide
+    assert core.instant("copy_in", (rec.id, 0)) == 0 and rec.state == "idle"
+    assert core.plain_step(rec, "copy_in") is None  # made from "allocated", not from "idle"
+    assert core.instant("copy_in", (rec.id, 0)) == 1
+    step = core.plain_step(rec, "copy_in")
+    assert step is not None and (step.begin, step.middle, step.end, step.dest) == (
+        "copy_begin",
+        "copying",
+        "copy_end",
+        "idle",
+    )
+    assert core.plain_step(rec, "copy_out") is None  # another kind
+    assert core.take(rec, step) == 2 and core.instant("copy_in", (rec.id, 0)) == 3  # one sequence of use ids
+    comp = core.begin("compute", [(rec.id, 0)])
+    assert (rec.state, rec.computes) == ("computing", 1) and core.plain_step(rec, "copy_in") is None
+    core.end(comp.id, ok=True)
+    assert rec.state == "idle" and core.plain_step(rec, "copy_in") is step
+    core.observer = lambda state, event, found: None
+    assert core.plain_step(rec, "copy_in") is None  # a coverage tool counts each spec step
+    core.observer, core.tracer = None, mock.Mock()
+    assert core.plain_step(rec, "copy_in") is None  # a timeline draws each spec step
+    core.tracer = None
+    core.instant("copy_in", (rec.id, 0))
+    rec.copies = 2  # (a level the table keys by: 2 and more)
+    assert core.plain_step(rec, "copy_in") is None
+
+
+def test_a_step_that_breaks_the_states_counts_is_an_invariant_violation_every_time() -> None:
+    """fire asks the spec's `where` once per (state, no copies, no computes) and keeps the answer:
+    a breach is refused the second time as the first."""
+    core = LifecycleCore()
+    rec = core.add(8, spec=None, memory="m")
+    for _ in range(2):
+        rec.state, rec.copies, rec.computes = "copying", 1, 1  # a compute the state does not count
+        with pytest.raises(InvariantViolation, match=r"\[INV-COUNTS\] allocation #0 is idle after copy_end"):
+            core.fire(rec.id, 0, "copy_end")
+    rec.state, rec.copies, rec.computes = "copying", 1, 0
+    assert core.fire(rec.id, 0, "copy_end") is None and (rec.state, rec.copies) == ("idle", 0)

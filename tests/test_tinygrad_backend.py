@@ -13,7 +13,8 @@ from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends import tinygrad_compat as tg
-from devbridge.backends.tinygrad import INLINE_MAX_BYTES, TinygradBackend, TinygradToken
+from devbridge.backends.base import BackendError
+from devbridge.backends.tinygrad import INLINE_MAX_BYTES, VIEW_COPY_MAX_BYTES, TinygradBackend, TinygradToken
 
 F32 = ObjectSpec("x", "float32")
 
@@ -908,3 +909,112 @@ def test_markers_on_devices_not_here_read_what_each_runtime_offers(monkeypatch: 
     assert cpu_probe() is False
     cells["timeline"][0] = 9
     assert cpu_probe() is True
+
+
+# ------------------------------------------------------------ the pool of freed Buffers
+
+
+def keeps(device: str) -> bool:
+    """Whether a free on `device` keeps the Buffer at once (an idle CPU device, CL's in-order queue)."""
+    return device in ("CPU", "CL")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_freed_buffer_never_viewed_is_the_next_allocation_of_its_size(device: str) -> None:
+    backend = TinygradBackend(device)
+    a = backend.alloc(4096, "uint8")
+    backend.free(a)
+    if not keeps(device):  # parked behind the device's work, then dropped to tinygrad
+        assert backend.pooled() == {} and backend.alloc(4096, "uint8") is not a
+        return
+    assert backend.pooled() == {4096: 1}
+    assert backend.alloc(2048, "uint8") is not a  # another size: a Buffer of its own
+    assert backend.alloc(4096, "uint8") is a and backend.pooled() == {}
+    assert backend.alloc(4096, "uint8") is not a
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if keeps(d)])
+def test_a_buffer_a_view_was_made_over_is_never_kept(device: str) -> None:
+    backend = TinygradBackend(device)
+    a, b = backend.alloc(64, "uint8"), backend.alloc(64, "uint8")
+    view = backend.view(a, 0, (16,), "float32")
+    assert view.shape == (16,)
+    del view
+    gc.collect()
+    backend.free(a)
+    backend.free(b)
+    assert backend.pooled() == {64: 1} and backend.alloc(64, "uint8") is b
+
+
+def test_the_pool_keeps_a_few_buffers_per_size_and_a_bounded_total(monkeypatch: pytest.MonkeyPatch) -> None:
+    import devbridge.backends.tinygrad as tinygrad_backend
+
+    backend = TinygradBackend("CPU")
+    per_size = tinygrad_backend.POOL_PER_SIZE
+    buffers = [backend.alloc(256, "uint8") for _ in range(per_size + 2)]
+    for buf in buffers:
+        backend.free(buf)
+    assert backend.pooled() == {256: per_size}
+    assert [backend.alloc(256, "uint8") for _ in range(per_size)] == buffers[per_size - 1 :: -1]  # last kept, first out
+    monkeypatch.setattr(tinygrad_backend, "POOL_MAX_BYTES", 1024)
+    for buf in [backend.alloc(512, "uint8") for _ in range(3)]:
+        backend.free(buf)
+    assert backend.pooled() == {512: 2}  # 1024 B in all
+    big = backend.alloc(2048, "uint8")
+    backend.free(big)
+    assert backend.pooled() == {512: 2}
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if keeps(d)])
+def test_a_new_generation_gives_the_kept_buffers_back(device: str) -> None:
+    backend = TinygradBackend(device)
+    a = backend.alloc(128, "uint8")
+    backend.free(a)
+    assert backend.pooled() == {128: 1}
+    backend.begin_generation(1)
+    assert backend.pooled() == {} and backend.alloc(128, "uint8") is not a
+
+
+def test_an_allocation_that_fails_is_tried_again_once_the_kept_buffers_are_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = TinygradBackend("CPU")
+    backend.free(backend.alloc(128, "uint8"))
+    real, calls = tg.allocate, []
+
+    def failing_once(device: str, nbytes: int) -> tg.Buffer:
+        calls.append((nbytes, backend.pooled()))
+        if len(calls) == 1:
+            raise MemoryError("out of memory")
+        return real(device, nbytes)
+
+    monkeypatch.setattr(tg, "allocate", failing_once)
+    assert backend.alloc(256, "uint8").nbytes == 256
+    assert calls == [(256, {128: 1}), (256, {})]  # the second try after the pool was given back
+
+    def failing(device: str, nbytes: int) -> tg.Buffer:
+        calls.append((nbytes, backend.pooled()))
+        raise MemoryError("out of memory")
+
+    calls.clear()
+    monkeypatch.setattr(tg, "allocate", failing)
+    with pytest.raises(BackendError, match="cannot allocate 512 B"):
+        backend.alloc(512, "uint8")
+    assert calls == [(512, {})]  # nothing kept to give back: no second try
+
+
+@pytest.mark.parametrize("nbytes", [64, VIEW_COPY_MAX_BYTES, VIEW_COPY_MAX_BYTES + 64])
+def test_a_direct_copy_is_a_slice_assignment_up_to_its_bound_and_a_memmove_above(
+    monkeypatch: pytest.MonkeyPatch, nbytes: int
+) -> None:
+    backend = TinygradBackend("CPU")
+    buf = backend.alloc(nbytes + 16, "uint8")
+    moves: list[bool] = []
+    real = tg.move_now
+    monkeypatch.setattr(tg, "move_now", lambda *a, **k: (moves.append(k["into_device"]), real(*a, **k))[1])
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    backend.copy_in(buf, 16, memoryview(bytearray(data.tobytes())), sync=True)
+    out = memoryview(bytearray(nbytes + 16))
+    backend.copy_out(out[16:], buf, 16, sync=True)
+    assert bytes(out[16:]) == data.tobytes() and backend.direct_copies == 2
+    assert moves == ([] if nbytes <= VIEW_COPY_MAX_BYTES else [True, False])
