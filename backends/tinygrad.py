@@ -153,7 +153,9 @@ class TinygradBackend:
         self._parked: list[tuple[Probe, tg.Buffer]] = []  # freed, waiting for the device to finish
         self._pool: dict[int, list[tg.Buffer]] = {}  # freed, never viewed: for the next allocation of their size
         self._pooled_bytes = 0
-        self._viewed: weakref.WeakSet[tg.Buffer] = weakref.WeakSet()  # Buffers a view was made over
+        # ids of Buffers a view was made over, until their free (an id a collected Buffer left and a
+        # new one took only keeps that one from the pool: never the other way round)
+        self._viewed: set[int] = set()
         self._gate = threading.Event()
         self._gate.set()
         self.capabilities = tg.capabilities(self.device)
@@ -258,7 +260,7 @@ class TinygradBackend:
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         buf = self._buffer(buffer)
-        self._viewed.add(buf)  # never kept for reuse once freed
+        self._viewed.add(id(buf))  # never kept for reuse once freed
         try:
             return tg.tensor_view(buf, offset, shape, dtype)
         except Exception as e:
@@ -480,12 +482,11 @@ class TinygradBackend:
         the bounds allow and no view was ever made over it; else drop it (to tinygrad)."""
         nbytes = buf.nbytes
         with self._lock:
+            if id(buf) in self._viewed:
+                self._viewed.discard(id(buf))
+                return
             pooled = self._pool.setdefault(nbytes, [])
-            if (
-                len(pooled) < POOL_PER_SIZE
-                and self._pooled_bytes + nbytes <= POOL_MAX_BYTES
-                and buf not in self._viewed
-            ):
+            if len(pooled) < POOL_PER_SIZE and self._pooled_bytes + nbytes <= POOL_MAX_BYTES:
                 pooled.append(buf)
                 self._pooled_bytes += nbytes
 

@@ -164,8 +164,10 @@ class Engine:
     ) -> object:
         """Hand a copy to the backend on the caller's call; its token. A failure raises the copy's
         error (COPY-F), and a failed output range is never readable."""
-        try:
-            return self._submit(kind, memory, offset, host, sync)
+        try:  # (`_submit`, inlined: the per-call path)
+            if kind == "copy_in":
+                return self._backend.copy_in(memory, offset, host.ring.raw(host), sync=sync)
+            return self._backend.copy_out(host.ring.raw(host), memory, offset, sync=sync)
         except BackendError as e:
             self._counts["copy_failures"] += 1
             if kind == "copy_out":

@@ -46,75 +46,86 @@ class MemoryStats(_DictAccess):
 
 
 class _Tally:
-    __slots__ = ("bytes_in", "bytes_now", "bytes_out", "bytes_peak", "count_in", "count_now", "count_out", "count_peak")
+    """One role's account (what was freed is what was allocated less what is held)."""
+
+    __slots__ = ("bytes_in", "bytes_now", "bytes_peak", "count_in", "count_now", "count_peak")
 
     def __init__(self) -> None:
-        self.bytes_now = self.bytes_peak = self.bytes_in = self.bytes_out = 0
-        self.count_now = self.count_peak = self.count_in = self.count_out = 0
+        self.bytes_now = self.bytes_peak = self.bytes_in = 0
+        self.count_now = self.count_peak = self.count_in = 0
 
     def add(self, nbytes: int) -> None:
-        self.bytes_now += nbytes
+        self.bytes_now = now = self.bytes_now + nbytes
         self.bytes_in += nbytes
-        self.count_now += 1
+        self.count_now = count = self.count_now + 1
         self.count_in += 1
-        if self.bytes_now > self.bytes_peak:
-            self.bytes_peak = self.bytes_now
-        if self.count_now > self.count_peak:
-            self.count_peak = self.count_now
-
-    def remove(self, nbytes: int) -> None:
-        self.bytes_now -= nbytes
-        self.bytes_out += nbytes
-        self.count_now -= 1
-        self.count_out += 1
-
-    def reset_peak(self) -> None:
-        self.bytes_peak, self.count_peak = self.bytes_now, self.count_now
+        if now > self.bytes_peak:
+            self.bytes_peak = now
+        if count > self.count_peak:
+            self.count_peak = count
 
     def counts(self) -> MemoryCounts:
         return MemoryCounts(
-            self.bytes_now, self.bytes_peak, self.bytes_in, self.bytes_out,
-            self.count_now, self.count_peak, self.count_in, self.count_out,
+            self.bytes_now, self.bytes_peak, self.bytes_in, self.bytes_in - self.bytes_now,
+            self.count_now, self.count_peak, self.count_in, self.count_in - self.count_now,
         )  # fmt: skip
 
 
 class MemoryBook:
-    """The bridge's running account of device memory (called under the bridge's lock)."""
+    """The bridge's running account of device memory (called under the bridge's lock): each
+    role's, and what all hold now and at the peak (the rest of the totals are the roles' sums)."""
 
     def __init__(self) -> None:
-        self._all = _Tally()
         self._roles: dict[str, _Tally] = {}
+        self._bytes_now = self._bytes_peak = self._count_now = self._count_peak = 0
         self._failed_bytes = 0
         #: Told the bytes held after each change (a timeline's counter: devbridge.trace).
         self.observer: Callable[[int], None] | None = None
 
     def allocated(self, role: str, nbytes: int) -> None:
         """The backend allocated `nbytes` for an object of `role`."""
-        self._all.add(nbytes)
         if (tally := self._roles.get(role)) is None:
             tally = self._roles[role] = _Tally()
         tally.add(nbytes)
+        self._bytes_now = now = self._bytes_now + nbytes
+        self._count_now = count = self._count_now + 1
+        if now > self._bytes_peak:
+            self._bytes_peak = now
+        if count > self._count_peak:
+            self._count_peak = count
         if self.observer is not None:
-            self.observer(self._all.bytes_now)
+            self.observer(now)
 
     def released(self, role: str, nbytes: int, failed: bool) -> None:
         """The backend freed (or `failed` to free, for good) an allocation of `role`."""
-        self._all.remove(nbytes)
-        self._roles[role].remove(nbytes)
-        self._failed_bytes += nbytes if failed else 0
+        tally = self._roles[role]
+        tally.bytes_now -= nbytes
+        tally.count_now -= 1
+        self._bytes_now -= nbytes
+        self._count_now -= 1
+        if failed:
+            self._failed_bytes += nbytes
         if self.observer is not None:
-            self.observer(self._all.bytes_now)
+            self.observer(self._bytes_now)
 
     def reset_peak(self) -> None:
         """Peaks start again from what is held now."""
-        self._all.reset_peak()
+        self._bytes_peak, self._count_peak = self._bytes_now, self._count_now
         for tally in self._roles.values():
-            tally.reset_peak()
+            tally.bytes_peak, tally.count_peak = tally.bytes_now, tally.count_now
+
+    def _totals(self) -> MemoryCounts:
+        allocated = sum(t.bytes_in for t in self._roles.values())
+        count = sum(t.count_in for t in self._roles.values())
+        return MemoryCounts(
+            self._bytes_now, self._bytes_peak, allocated, allocated - self._bytes_now,
+            self._count_now, self._count_peak, count, count - self._count_now,
+        )  # fmt: skip
 
     def stats(self, waits: list[float], counters: Mapping[str, int]) -> MemoryStats:
         """The account now, with the releases waiting `waits` seconds and the bridge's counters."""
         return MemoryStats(
-            all=self._all.counts(),
+            all=self._totals(),
             by_role={role: tally.counts() for role, tally in sorted(self._roles.items())},
             deferred_frees=counters["deferred_frees"],
             waiting_releases=len(waits),
