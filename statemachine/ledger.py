@@ -52,8 +52,8 @@ class Ledger:
         #: (state, kind, level(copies), level(computes)) -> a use's begin and end: the two compiled
         #: steps (what an observer sees) and the state they lead to (per core: `_compose` fills it)
         self._instant: dict[tuple[str, str, int, int], Composite] = {}
-        #: (state, no copies, no computes) -> whether the spec's `where` admits it (`_admits`)
-        self._admitted: dict[tuple[str, bool, bool], bool] = {}
+        #: (state, no copies, no computes, no uses) -> whether the spec's `where` admits it (`_admits`)
+        self._admitted: dict[tuple[str, bool, bool, bool], bool] = {}
         self.generation = 0
         self._allocations: dict[int, Allocation] = {}
         self._inflight: dict[int, InFlight] = {}
@@ -261,8 +261,9 @@ class Ledger:
         return use_id
 
     def _admits(self, state: str, copies: int, computes: int) -> bool:
-        """The spec's `admits` (its `where` tells only zero from not), asked once per case."""
-        case = (state, copies == 0, computes == 0)
+        """The spec's `admits` (its `where` tells zero from not, of copies, computes and their
+        sum), asked once per case."""
+        case = (state, copies == 0, computes == 0, copies + computes == 0)
         if (admitted := self._admitted.get(case)) is None:
             admitted = self._admitted[case] = self._spec.states[state].admits(copies, computes)
         return admitted
@@ -274,8 +275,7 @@ class Ledger:
         and `instant` (a step not made yet, a refusal, or an observer or tracer to tell)."""
         if self.observer is not None or self.tracer is not None:
             return None
-        copies, computes = record.copies, record.computes  # their levels, without two calls
-        return self._instant.get((record.state, kind, copies if copies < 2 else 2, computes if computes < 2 else 2))
+        return self._instant.get((record.state, kind, level(record.copies), level(record.computes)))
 
     def take(self, record: Allocation, step: Composite) -> int:
         """Take the step `plain_step` found, once the backend finished the use. Its use id."""

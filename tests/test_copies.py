@@ -9,6 +9,7 @@ from support import U8, put, read_device, snapshot, world
 from devbridge import (
     Bridge,
     DeviceCopyError,
+    DeviceHandle,
     DeviceRange,
     HostRange,
     HostRing,
@@ -412,3 +413,144 @@ def test_a_repeated_sync_copy_takes_the_per_call_path_with_the_same_effects(
     assert bridge.pins(h).state == "idle" and bytes(fake.buffer(0).data) == bytes(
         [1] * 16 + [2] * 16 + [3] * 16 + [0] * 16
     )
+
+
+@pytest.mark.rejects("RING-3")
+def test_the_per_call_path_refuses_the_host_bytes_the_checks_refuse(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """A copy into or out of an allocation with nothing in flight, of a kind and state that took
+    the per-call path before, still checks its host range: released bytes, bytes a pending copy
+    (on another allocation) writes or reads, are refused with nothing changed."""
+    h, other = bridge.alloc_device(U8, 16), bridge.alloc_device(U8, 16)
+    for _ in range(2):  # each kind's step made from both states the copies leave h in
+        bridge.host_to_device(put(ring, b"w" * 8), DeviceRange(h, 0, 8))
+        out = ring.reserve(8)
+        bridge.device_to_host(DeviceRange(h, 0, 8), out)
+        ring.release(out)
+    assert bridge._plain("copy_in", put(ring, b"p"), DeviceRange(h, 0, 1)) is not None
+    released = put(ring, b"r" * 8)
+    bridge.host_to_device(released, DeviceRange(h, 0, 8))
+    reading, writing = put(ring, b"s" * 8), ring.reserve(8)
+    bridge.host_to_device(reading, DeviceRange(other, 0, 8), sync=False)
+    bridge.device_to_host(DeviceRange(other, 8, 8), writing, sync=False)
+    bad = [
+        lambda: bridge.host_to_device(released, DeviceRange(h, 0, 8)),  # released on return
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 8), released),
+        lambda: bridge.host_to_device(writing, DeviceRange(h, 0, 8)),  # read bytes being written
+        lambda: bridge.device_to_host(DeviceRange(h, 0, 8), reading),  # write bytes being read
+    ]
+    assert_each_refused("RING-3", bad, world(bridge, fake, ring, [h, other]))
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_the_per_call_path_takes_exactly_the_ranges_the_checks_accept(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """Once a kind's step is made, the per-call path takes every range within the extent, to its
+    very edges, and declines every other one (a range altered after its own checks included),
+    which the checks then refuse as RANGE-1 with nothing changed."""
+    h = bridge.alloc_device(U8, 16)
+    for _ in range(2):
+        bridge.host_to_device(put(ring, b"w" * 16), DeviceRange(h, 0, 16))
+    src = put(ring, b"e" * 16)
+    for offset, nbytes in ((0, 16), (0, 1), (15, 1), (8, 8)):
+        assert bridge._plain("copy_in", src.sub(0, nbytes), DeviceRange(h, offset, nbytes)) is not None
+    assert bridge._plain("copy_in", src.sub(0, 8), DeviceRange(h, 0, 16)) is None  # lengths differ: H2D-1
+
+    def altered(offset: object, nbytes: object) -> DeviceRange:
+        r = DeviceRange(h, 0, 1)
+        object.__setattr__(r, "offset", offset)
+        object.__setattr__(r, "nbytes", nbytes)
+        return r
+
+    bad = [altered(-1, 1), altered(8, 9), altered(0, 0), altered(0, -1), altered(0.0, 1), altered(0, 1.0)]
+    for r in bad:
+        assert bridge._plain("copy_in", src.sub(0, 1), r) is None
+    assert_each_refused(
+        "RANGE-1",
+        [lambda r=r: bridge.host_to_device(src.sub(0, 1), r) for r in bad],
+        world(bridge, fake, ring, [h]),
+    )
+
+
+def warm(bridge: Bridge, ring: HostRing, h: DeviceHandle) -> None:
+    """Make each kind's one-step copy of `h` from the states its copies leave it in: later
+    synchronous copies of `h` with nothing in flight take the per-call path."""
+    for _ in range(2):
+        bridge.host_to_device(put(ring, bytes(4)), DeviceRange(h, 0, 4))
+        out = ring.reserve(4)
+        bridge.device_to_host(DeviceRange(h, 0, 4), out)
+        ring.release(out)
+
+
+@pytest.mark.rejects("RANGE-1", "HANDLE-1")
+def test_the_per_call_path_declines_whatever_is_not_the_issued_range_of_a_live_allocation(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    warm(bridge, ring, h)
+    src = put(ring, b"x" * 4)
+    assert bridge._plain("copy_in", src, DeviceRange(h, 0, 4)) is not None
+    copy = DeviceHandle(h.id, h.generation, h.extent, h.spec, h.owner, h.seal)  # genuine, not the issued object
+    forged = DeviceRange(h, 0, 4)
+    object.__setattr__(forged, "handle", "not a handle")
+    renamed = DeviceRange(h, 0, 4)
+    object.__setattr__(renamed, "handle", DeviceHandle("0", h.generation, h.extent, h.spec, h.owner, h.seal))
+    for host, device in [
+        (object(), DeviceRange(h, 0, 4)),
+        (src, object()),
+        (src, DeviceRange(copy, 0, 4)),
+        (src, forged),
+        (src, renamed),
+    ]:
+        assert bridge._plain("copy_in", host, device) is None
+    bridge.host_to_device(src, DeviceRange(copy, 0, 4))  # the checks take a genuine copy
+    assert_each_refused(
+        "RANGE-1",
+        [lambda: bridge.host_to_device(object(), DeviceRange(h, 0, 4)), lambda: bridge.host_to_device(src, object())],
+        world(bridge, fake, ring, [h]),
+    )
+    assert_each_refused(
+        "HANDLE-1",
+        [
+            lambda: bridge.host_to_device(put(ring, b"y" * 4), forged),
+            lambda: bridge.host_to_device(put(ring, b"z" * 4), renamed),
+        ],
+        lambda: (bridge.stats(), bridge.state(h), fake.snapshot()),
+    )
+
+
+@pytest.mark.holds("ORDER-1")
+def test_a_sync_copy_on_an_allocation_with_copies_in_flight_still_follows_them(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """A one-step copy made while another copy was in flight on other bytes of the allocation
+    is never taken at once by a copy of bytes that one writes: it waits for it (ORDER-1)."""
+    h = bridge.alloc_device(U8, 16)
+    warm(bridge, ring, h)
+    pending = bridge.host_to_device(put(ring, b"A" * 8), DeviceRange(h, 0, 8), sync=False)
+    out = ring.reserve(8)
+    bridge.device_to_host(DeviceRange(h, 8, 8), out)  # other bytes: one step, made with a copy in flight
+    ring.release(out)
+    out = ring.reserve(8)
+    bridge.device_to_host(DeviceRange(h, 0, 8), out)  # the bytes `pending` writes: after it
+    assert bytes(ring.view(out)) == b"A" * 8 and pending.done()
+
+
+@pytest.mark.holds("H2D-2", "H2D-3")
+def test_the_per_call_path_keeps_host_bytes_a_caller_keeps_or_another_copy_still_reads(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h, other = bridge.alloc_device(U8, 16), bridge.alloc_device(U8, 16)
+    warm(bridge, ring, h)
+    kept = put(ring, b"k" * 4)
+    bridge.host_to_device(kept, DeviceRange(h, 0, 4), release=False)
+    assert not ring.released(kept) and bytes(ring.view(kept)) == b"k" * 4
+    ring.release(kept)
+    shared = put(ring, b"s" * 8)
+    reading = bridge.host_to_device(shared, DeviceRange(other, 0, 8), sync=False)
+    bridge.host_to_device(shared, DeviceRange(h, 0, 8))  # done: but `reading` still reads the bytes
+    assert not ring.released(shared)
+    fake.complete_all()
+    assert reading.done() and ring.released(shared)
