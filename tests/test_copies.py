@@ -467,9 +467,13 @@ def test_the_per_call_path_takes_exactly_the_ranges_the_checks_accept(
     bad = [altered(-1, 1), altered(8, 9), altered(0, 0), altered(0, -1), altered(0.0, 1), altered(0, 1.0)]
     for r in bad:
         assert bridge._plain("copy_in", src.sub(0, 1), r) is None
+    empty = src.sub(0, 1)
+    object.__setattr__(empty, "nbytes", 0)  # an empty host range for the empty device range
+    assert bridge._plain("copy_in", empty, altered(0, 0)) is None
     assert_each_refused(
         "RANGE-1",
-        [lambda r=r: bridge.host_to_device(src.sub(0, 1), r) for r in bad],
+        [lambda r=r: bridge.host_to_device(src.sub(0, 1), r) for r in bad]
+        + [lambda: bridge.host_to_device(empty, altered(0, 0))],
         world(bridge, fake, ring, [h]),
     )
 
@@ -554,3 +558,26 @@ def test_the_per_call_path_keeps_host_bytes_a_caller_keeps_or_another_copy_still
     assert not ring.released(shared)
     fake.complete_all()
     assert reading.done() and ring.released(shared)
+
+
+@pytest.mark.rejects("COPY-F")
+def test_a_failed_copy_names_the_call_and_the_ranges_on_either_path(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    h = bridge.alloc_device(U8, 16)
+    for warmed in (False, True):
+        if warmed:
+            warm(bridge, ring, h)
+        src, out = put(ring, b"f" * 4), ring.reserve(4)
+        fake.fail_next("copy_in")
+        with refused(
+            "COPY-F", DeviceCopyError, match=r"host_to_device HostRange\(start=\d+, nbytes=4\) -> DeviceRange"
+        ):
+            bridge.host_to_device(src, DeviceRange(h, 4, 4))
+        fake.fail_next("copy_out")
+        with refused(
+            "COPY-F", OutputCopyError, match=r"device_to_host DeviceRange\(.*\) -> HostRange\(start=\d+, nbytes=4\)"
+        ):
+            bridge.device_to_host(DeviceRange(h, 4, 4), out)
+        ring.release(src)
+        ring.release(out)

@@ -314,3 +314,19 @@ def test_a_host_range_holds_plain_ints_and_does_not_print_its_ring() -> None:
     r = HostRange(ring, np.int64(4), np.uint8(8))
     assert (r.start, r.nbytes, type(r.start), type(r.nbytes)) == (4, 8, int, int)
     assert repr(r) == "HostRange(start=4, nbytes=8)"
+
+
+@pytest.mark.parametrize("check", ["check_source", "check_dest"])
+def test_a_copys_host_check_refuses_what_is_not_a_live_range_of_this_ring(check: str) -> None:
+    ring, other = HostRing(64), HostRing(64)
+    live, elsewhere = ring.reserve(8), other.reserve(8)
+    before = ring.snapshot()
+    for bad in (object(), None, "range", elsewhere):
+        with pytest.raises(RangeError) as info:
+            getattr(ring, check)(bad)
+        assert info.value.rule == "RANGE-1"
+    assert ring.snapshot() == before  # a check changes nothing
+    ring.release(live)
+    with pytest.raises(RangeError) as info:
+        getattr(ring, check)(live)
+    assert info.value.rule == "RING-3"
