@@ -25,6 +25,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import IO, Any
 
 from devbridge.errors import InvalidArgumentError, short
@@ -34,6 +35,47 @@ QUEUE_TID = 1  # the device queue's track in each bridge's process
 MEMORY = "device bytes in use"
 PHASES = frozenset("BEbeisfCMn")  # the Trace Event phases this writer uses
 _encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # one encoder, made once
+
+
+def _boot_id() -> str | None:
+    """This machine's boot (Linux): processes that share it share one monotonic clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+_BOOT = _boot_id()
+
+
+@dataclass(frozen=True)
+class TraceClock:
+    """When a trace opened, on the clocks that align it with another process's trace: the
+    monotonic clock (exact between processes of one boot) and the wall clock (across machines)."""
+
+    boot: str | None
+    monotonic_ns: int
+    wall_ns: int
+
+    @classmethod
+    def now(cls) -> TraceClock:
+        """This moment on both clocks. The wall clock is read between two monotonic readings,
+        and the closest of three pairs is kept: a thread preempted between two readings would
+        otherwise shift every included event by the time it waited."""
+        pairs = []
+        for _ in range(3):
+            before, wall, after = time.monotonic_ns(), time.time_ns(), time.monotonic_ns()
+            pairs.append((after - before, (before + after) // 2, wall))
+        _, monotonic, wall = min(pairs)
+        return cls(_BOOT, monotonic, wall)
+
+    def shift_us(self, other: TraceClock) -> float:
+        """Microseconds from this clock's start to `other`'s: by the monotonic clock where both
+        come from one boot, by the wall clock otherwise."""
+        if self.boot is not None and self.boot == other.boot:
+            return (other.monotonic_ns - self.monotonic_ns) / 1000.0
+        return (other.wall_ns - self.wall_ns) / 1000.0
 
 
 def traceable(target: object) -> bool:
@@ -64,8 +106,9 @@ class Trace:
             self._out, self._owned = target, False
         self._lock = threading.Lock()
         self._bridges: list[BridgeTrace] = []
-        self._t0 = time.monotonic_ns()
-        self.wall_ns = time.time_ns()  # the wall clock at the start: traces of several processes align by it
+        self.clock = TraceClock.now()  # its start: traces of several processes align by it
+        self._t0 = self.clock.monotonic_ns
+        self.wall_ns = self.clock.wall_ns
         self._first = True
         self._closed = False
         self.events = 0  # written so far
@@ -90,13 +133,33 @@ class Trace:
             self._first = False
             self.events += 1
 
-    def include(self, events: Iterable[dict[str, Any]], *, pid: int, label: str, wall_ns: int) -> None:
+    def include(
+        self,
+        events: Iterable[dict[str, Any]],
+        *,
+        pid: int,
+        label: str,
+        clock: TraceClock | None = None,
+        wall_ns: int | None = None,
+    ) -> None:
         """Write another process's trace into this one (the fleet's actors): its events, as
         `json.load` reads them, moved to process `pid` (named `label`, after what the other
         trace called it), their async and flow ids made that process's own, and their times
-        moved onto this trace's clock by the wall clock at each trace's start (`wall_ns`: the
-        other trace's `Trace.wall_ns`; on one machine the clocks agree)."""
-        shift = (wall_ns - self.wall_ns) / 1000.0
+        moved onto this trace's clock by the other trace's start: its `Trace.clock` (exact on
+        one machine, by the wall clock across machines), or only its `Trace.wall_ns`.
+
+        Raises:
+            InvalidArgumentError: ARG-1, with neither `clock` nor `wall_ns`, or both."""
+        if (clock is None) == (wall_ns is None):
+            raise InvalidArgumentError("ARG-1", "include needs the other trace's clock or its wall_ns, one of them")
+        if clock is not None:
+            if not isinstance(clock, TraceClock):
+                raise InvalidArgumentError("ARG-1", f"include: clock must be a TraceClock, got {short(clock)}")
+            shift = self.clock.shift_us(clock)
+        elif type(wall_ns) is not int:
+            raise InvalidArgumentError("ARG-1", f"include: wall_ns must be an int, got {short(wall_ns)}")
+        else:
+            shift = (wall_ns - self.wall_ns) / 1000.0
         for event in events:
             moved = {**event, "pid": pid, "ts": event.get("ts", 0.0) + shift}
             if "id" in moved:

@@ -19,7 +19,7 @@ from devbridge.backends.base import BackendError
 from devbridge.backends.fake import FakeBackend
 from devbridge.cli import main
 from devbridge.spec import load
-from devbridge.trace import MEMORY, Trace, check_trace
+from devbridge.trace import MEMORY, Trace, TraceClock, check_trace
 
 TRANSITIONS = {(t.source, t.dest) for t in load().transitions}
 
@@ -198,6 +198,40 @@ def test_including_another_process_trace_moves_it_to_its_own_process_and_onto_th
     named = [e["args"]["name"] for e in first if e["ph"] == "M" and e["name"] == "process_name"]
     original = [e["args"]["name"] for e in theirs if e["ph"] == "M" and e["name"] == "process_name"]
     assert named == [f"actor 0: {original[0]}"] and len(original) == 1
+
+
+def test_a_trace_of_this_machine_is_included_by_the_monotonic_clock_and_one_of_another_by_the_wall_clock() -> None:
+    """One boot shares one monotonic clock: the shift is exact whatever the wall clock says
+    (stepped, or read late by a preempted thread); another machine's trace aligns by the wall."""
+    theirs = valid_trace()
+    out = io.StringIO()
+    ours = Trace(out)
+    here, far = ours.clock, "another machine's boot"
+    assert here.boot is not None and here.boot == Trace(io.StringIO()).clock.boot  # Linux: this boot's id
+    later = TraceClock(here.boot, here.monotonic_ns + 2_000_000, here.wall_ns + 900_000_000)  # wall off by 0.9 s
+    ours.include(theirs, pid=7, label="same machine", clock=later)
+    ours.include(theirs, pid=8, label="other machine", clock=TraceClock(far, 0, here.wall_ns + 3_000_000))
+    ours.close()
+    events = json.loads(out.getvalue())
+    first, second = events[: len(theirs)], events[len(theirs) :]
+    assert [e["ts"] for e in first] == pytest.approx([e["ts"] + 2000.0 for e in theirs])
+    assert [e["ts"] for e in second] == pytest.approx([e["ts"] + 3000.0 for e in theirs])
+    assert here.shift_us(later) == 2000.0 and later.shift_us(here) == -2000.0
+    assert TraceClock(None, 0, 5_000).shift_us(TraceClock(None, 10**9, 7_000)) == 2.0  # no boot id: the wall
+
+
+@pytest.mark.parametrize(
+    "how",
+    [{}, {"clock": "clock"}, {"wall_ns": 1.5}, {"wall_ns": True}, {"clock": None, "wall_ns": None}, "both"],
+    ids=["neither", "not-a-clock", "float-wall", "bool-wall", "nones", "both"],
+)
+def test_include_refuses_a_missing_or_foreign_clock_and_writes_nothing(how: Any) -> None:
+    out = io.StringIO()
+    ours = Trace(out)
+    kwargs = {"clock": ours.clock, "wall_ns": ours.wall_ns} if how == "both" else how
+    with pytest.raises(InvalidArgumentError) as e:
+        ours.include(valid_trace(), pid=7, label="actor", **kwargs)
+    assert e.value.rule == "ARG-1" and ours.events == 0
 
 
 def valid_trace() -> list[dict[str, Any]]:

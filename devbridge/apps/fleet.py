@@ -33,7 +33,7 @@ from typing import Any
 from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, device_worker
 from devbridge.args import count, refuse
-from devbridge.trace import Trace
+from devbridge.trace import Trace, TraceClock
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
@@ -62,9 +62,9 @@ class BatchResult:
     seconds: float
     cpu_s: float  # CPU time of the actor's process (all its threads) while it ran the batch
     pid: int
-    #: with `trace`: the batch's timeline (its bridge's events) and the wall clock at its start
+    #: with `trace`: the batch's timeline (its bridge's events) and the clocks at its start
     trace: list[dict[str, Any]] | None = None
-    trace_wall_ns: int = 0
+    trace_clock: TraceClock | None = None
 
 
 class DeviceActor:
@@ -94,7 +94,7 @@ class DeviceActor:
         result = BatchResult(worker.tally, worker.restarts, seconds, cpu, os.getpid())
         if timeline is not None:
             timeline.close()
-            result.trace, result.trace_wall_ns = json.loads(out.getvalue()), timeline.wall_ns
+            result.trace, result.trace_clock = json.loads(out.getvalue()), timeline.clock
         return result
 
 
@@ -302,7 +302,7 @@ class _Marks:
         self.trace.emit({**event, "args": {"ended": how}})
         if result is not None and result.trace is not None:
             label = f"actor {slot}, process {result.pid}, {name}"
-            self.trace.include(result.trace, pid=next(self.pids), label=label, wall_ns=result.trace_wall_ns)
+            self.trace.include(result.trace, pid=next(self.pids), label=label, clock=result.trace_clock)
 
     def killed(self, slot: int) -> None:
         if self.trace is not None:
