@@ -138,23 +138,27 @@ def idle_probe(device: str) -> Callable[[], bool] | None:
     dev: Any = Device[device]
     if not device.startswith("CPU") or not hasattr(dev, "workers") or not hasattr(dev, "signal"):
         return None
-    timeline = dev.signal("timeline")._buf.cpu_view().view(fmt="Q")
-    value = dev.signal("value", 1, device="CPU")._buf.cpu_view().view(fmt="Q")
+    timeline, value = _words(dev.signal("timeline")), _words(dev.signal("value", 1, device="CPU"))
     counters: list[tuple[Any, Any]] = []  # (put, done) per worker, read as tinygrad's synchronize reads them
 
     def idle() -> bool:
         if HCQ_RUNTIME_DEV.value != device:  # its synchronize would synchronize another device first
             return False
         if len(counters) != len(dev.workers):
-            counters[:] = [
-                tuple(getattr(w, x)._buf.cpu_view().view(fmt="Q") for x in ("put", "done")) for w in dev.workers
-            ]
+            counters[:] = [(_words(w.put), _words(w.done)) for w in dev.workers]
         for put, done in counters:
             if done[0] < put[0]:
                 return False
         return bool(timeline[0] >= value[0] - 1)
 
     return idle
+
+
+def _words(signal: Any) -> Any:
+    """A CPU signal's 64-bit words: the memoryview under tinygrad's MMIO view where it has one
+    (indexing that is a Python call per read, on every free and small copy)."""
+    words = signal._buf.cpu_view().view(fmt="Q")
+    return getattr(words, "mv", words)
 
 
 def move_now(buffer: Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
