@@ -18,6 +18,7 @@ from devbridge import (
 )
 from devbridge.backends.base import Status
 from devbridge.backends.fake import GUARD, GUARD_BYTE, Call, FakeBackend, FakeViolation
+from devbridge.events import Event
 
 
 @pytest.mark.holds("H2D-1", "H2D-2")
@@ -413,6 +414,20 @@ def test_a_repeated_sync_copy_takes_the_per_call_path_with_the_same_effects(
     assert bridge.pins(h).state == "idle" and bytes(fake.buffer(0).data) == bytes(
         [1] * 16 + [2] * 16 + [3] * 16 + [0] * 16
     )
+
+
+def test_a_copys_event_has_every_field_the_base_event_makes_with_the_same_values(
+    bridge: Bridge, fake: FakeBackend, ring: HostRing
+) -> None:
+    """CopyEvent fills Event's fields itself (no `super().__init__` on the per-call path): a field
+    added to Event must be added there too, or a copy's event lacks it."""
+    h = bridge.alloc_device(U8, 16)
+    src = put(ring, b"x" * 16)
+    copy = bridge.host_to_device(src, DeviceRange(h, 0, 16), sync=False)
+    base = Event(copy._link, copy.use_id, copy.backend_token)
+    assert vars(base).keys() <= vars(copy).keys()
+    assert {k: v for k, v in vars(copy).items() if k in vars(base)} == {**vars(base), "_done": copy._done}
+    assert set(vars(copy)) - set(vars(base)) == {"src", "dst"}
 
 
 @pytest.mark.rejects("RING-3")

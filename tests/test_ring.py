@@ -330,3 +330,24 @@ def test_a_copys_host_check_refuses_what_is_not_a_live_range_of_this_ring(check:
     with pytest.raises(RangeError) as info:
         getattr(ring, check)(live)
     assert info.value.rule == "RING-3"
+
+
+def test_the_one_call_liveness_test_agrees_with_the_full_check_on_every_range() -> None:
+    """A copy's host check first asks `_live` (one bisect, the per-call path) and only on False
+    the full check: `_live` must be True for every range the full check accepts, in whichever
+    span it lies, and False, never just falsy, for every other."""
+    ring, other = HostRing(64), HostRing(64)
+    spans = [ring.reserve(8) for _ in range(4)]  # [0, 8) [8, 16) [16, 24) [24, 32)
+    ring.release(spans[1])  # live: [0, 8), [16, 24), [24, 32)
+    for start in range(0, 40):
+        for nbytes in range(1, 12):
+            r = HostRange(ring, start, nbytes)
+            try:
+                ring._check_live(r, "RING-3")
+                accepted = True
+            except RangeError:
+                accepted = False
+            assert ring._live(r) is accepted, (start, nbytes)
+    assert ring._live(HostRange(ring, 16, 8)) is True  # a whole span after the first
+    for foreign in (other.reserve(8), object(), None):
+        assert ring._live(foreign) is False  # type: ignore[arg-type]

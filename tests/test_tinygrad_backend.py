@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from harness import DEVICES
 from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec, TensorViewSpec
+from devbridge.backends import tinygrad as tinygrad_backend
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.base import BackendError
 from devbridge.backends.tinygrad import INLINE_MAX_BYTES, VIEW_COPY_MAX_BYTES, TinygradBackend, TinygradToken
@@ -947,8 +949,6 @@ def test_a_buffer_a_view_was_made_over_is_never_kept(device: str) -> None:
 
 
 def test_the_pool_keeps_a_few_buffers_per_size_and_a_bounded_total(monkeypatch: pytest.MonkeyPatch) -> None:
-    import devbridge.backends.tinygrad as tinygrad_backend
-
     backend = TinygradBackend("CPU")
     per_size = tinygrad_backend.POOL_PER_SIZE
     buffers = [backend.alloc(256, "uint8") for _ in range(per_size + 2)]
@@ -1018,3 +1018,16 @@ def test_a_direct_copy_is_a_slice_assignment_up_to_its_bound_and_a_memmove_above
     backend.copy_out(out[16:], buf, 16, sync=True)
     assert bytes(out[16:]) == data.tobytes() and backend.direct_copies == 2
     assert moves == ([] if nbytes <= VIEW_COPY_MAX_BYTES else [True, False])
+
+
+def test_the_guides_state_the_backends_bounds() -> None:
+    """What a user reads of the direct copies, the inline copies and the kept Buffers is what the
+    backend does: the guides name its bounds (the benchmark page is written from them)."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    devices = (docs / "guides" / "devices.md").read_text()
+    views = " ".join((docs / "concepts" / "views-and-jit.md").read_text().split())
+    b = tinygrad_backend
+    assert f"(a slice assignment up to {b.VIEW_COPY_MAX_BYTES >> 20} MiB, a memmove above)" in devices
+    assert f"an async copy of up to {b.INLINE_MAX_BYTES >> 10} KiB to an idle device is done on return" in devices
+    assert f"as PyTorch's: {b.POOL_PER_SIZE} per size, {b.POOL_MAX_BYTES >> 20} MiB in all," in views
+    assert b.VIEW_COPY_MAX_BYTES % (1 << 20) == b.POOL_MAX_BYTES % (1 << 20) == b.INLINE_MAX_BYTES % (1 << 10) == 0
