@@ -1031,3 +1031,64 @@ def test_the_guides_state_the_backends_bounds() -> None:
     assert f"an async copy of up to {b.INLINE_MAX_BYTES >> 10} KiB to an idle device is done on return" in devices
     assert f"as PyTorch's: {b.POOL_PER_SIZE} per size, {b.POOL_MAX_BYTES >> 20} MiB in all," in views
     assert b.VIEW_COPY_MAX_BYTES % (1 << 20) == b.POOL_MAX_BYTES % (1 << 20) == b.INLINE_MAX_BYTES % (1 << 10) == 0
+
+
+def test_an_allocation_that_fails_again_after_the_pool_is_given_back_is_a_backend_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = TinygradBackend("CPU")
+    backend.free(backend.alloc(128, "uint8"))
+    calls: list[dict[int, int]] = []
+
+    def failing(device: str, nbytes: int) -> tg.Buffer:
+        calls.append(backend.pooled())
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(tg, "allocate", failing)
+    with pytest.raises(BackendError, match=r"^CPU: cannot allocate 256 B: out of memory$"):
+        backend.alloc(256, "uint8")
+    assert calls == [{128: 1}, {}]  # tried twice, the second time with nothing kept
+
+
+def test_after_trim_the_pool_takes_its_whole_bound_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = TinygradBackend("CPU")
+    monkeypatch.setattr(tinygrad_backend, "POOL_MAX_BYTES", 1024)
+    for _ in range(2):  # before and after a trim: exactly 1024 B kept
+        for buf in [backend.alloc(256, "uint8") for _ in range(4)]:
+            backend.free(buf)
+        assert backend.pooled() == {256: 4}
+        assert backend.trim() == 4 and backend.pooled() == {}
+
+
+def test_a_freed_viewed_buffer_is_forgotten_and_a_cpu_buffers_bytes_view_is_made_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing is remembered of a Buffer past its free, and the bytes of a CPU Buffer that direct
+    copies use are made once and kept while it lives."""
+    backend = TinygradBackend("CPU")
+    a = backend.alloc(64, "uint8")
+    view = backend.view(a, 0, (16,), "float32")
+    del view
+    gc.collect()
+    backend.free(a)
+    assert backend._viewed == set() and backend.pooled() == {}
+    made, real = [], tg.host_bytes
+    monkeypatch.setattr(tg, "host_bytes", lambda buf: (made.append(buf), real(buf))[1])
+    b = backend.alloc(64, "uint8")
+    for k in range(3):
+        backend.copy_in(b, 0, memoryview(bytes([k]) * 64), sync=True)
+    out = memoryview(bytearray(64))
+    backend.copy_out(out, b, 0, sync=True)
+    assert bytes(out) == bytes([2]) * 64 and made == [b] and backend.direct_copies == 4
+
+
+def test_a_direct_copy_that_cannot_move_the_bytes_goes_through_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = TinygradBackend("CPU")
+    nbytes = VIEW_COPY_MAX_BYTES + 256  # above the slice bound: a memmove, which this device refuses here
+    buf = backend.alloc(nbytes, "uint8")
+    monkeypatch.setattr(tg, "move_now", lambda *a, **k: False)
+    data = bytes(range(256)) * (nbytes // 256)
+    backend.copy_in(buf, 0, memoryview(bytearray(data)), sync=True)  # (the allocator writes from writable memory)
+    out = memoryview(bytearray(nbytes))
+    backend.copy_out(out, buf, 0, sync=True)
+    assert bytes(out) == data and backend.direct_copies == 0
