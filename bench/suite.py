@@ -144,9 +144,9 @@ def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     rows = []
     for nbytes, goal in ((64, "<= 1.0"), (1 << 20, "<= 1.03"), (16 << 20, "<= 1.03")):
         b = CopyBench(device, nbytes)
-        path = f"sync host_to_device {_size(nbytes)} / raw _copyin"
+        path = f"sync host_to_device {size_label(nbytes)} / raw _copyin"
         rows.append(
-            timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal, f"sync copy {_size(nbytes)}")
+            timed_row(path, b.sync, b.raw, calls_for(nbytes, quick), rounds, goal, f"sync copy {size_label(nbytes)}")
         )
         b.check()
     null = scaling.Setup(10)
@@ -335,8 +335,12 @@ def machine() -> dict[str, object]:
     }
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
+def size_label(nbytes: int) -> str:
+    """A size as the benchmark's rows and pages name it: whole MiB, whole KiB, or bytes."""
+    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit} {name}"
+    return f"{nbytes} B"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

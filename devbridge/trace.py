@@ -107,12 +107,16 @@ class Trace:
         self._lock = threading.Lock()
         self._bridges: list[BridgeTrace] = []
         self.clock = TraceClock.now()  # its start: traces of several processes align by it
-        self._t0 = self.clock.monotonic_ns
-        self.wall_ns = self.clock.wall_ns
+        self._t0 = self.clock.monotonic_ns  # (read on every event)
         self._first = True
         self._closed = False
         self.events = 0  # written so far
         self._out.write("[\n")
+
+    @property
+    def wall_ns(self) -> int:
+        """The wall clock when the trace opened."""
+        return self.clock.wall_ns
 
     def now(self) -> float:
         """Microseconds since the trace opened (the monotonic clock)."""
@@ -152,14 +156,13 @@ class Trace:
             InvalidArgumentError: ARG-1, with neither `clock` nor `wall_ns`, or both."""
         if (clock is None) == (wall_ns is None):
             raise InvalidArgumentError("ARG-1", "include needs the other trace's clock or its wall_ns, one of them")
-        if clock is not None:
-            if not isinstance(clock, TraceClock):
-                raise InvalidArgumentError("ARG-1", f"include: clock must be a TraceClock, got {short(clock)}")
-            shift = self.clock.shift_us(clock)
-        elif type(wall_ns) is not int:
-            raise InvalidArgumentError("ARG-1", f"include: wall_ns must be an int, got {short(wall_ns)}")
-        else:
-            shift = (wall_ns - self.wall_ns) / 1000.0
+        if clock is None:
+            if type(wall_ns) is not int:
+                raise InvalidArgumentError("ARG-1", f"include: wall_ns must be an int, got {short(wall_ns)}")
+            clock = TraceClock(None, 0, wall_ns)  # no boot: aligned by the wall clock
+        elif not isinstance(clock, TraceClock):
+            raise InvalidArgumentError("ARG-1", f"include: clock must be a TraceClock, got {short(clock)}")
+        shift = self.clock.shift_us(clock)
         for event in events:
             moved = {**event, "pid": pid, "ts": event.get("ts", 0.0) + shift}
             if "id" in moved:

@@ -151,6 +151,7 @@ def floor_section(report: dict[str, Any], compiled: dict[str, Any]) -> list[str]
     backend's part is paid; how the per-call path keeps within it; and what compiling that cost
     with mypyc did (bench/compiled.py)."""
     from devbridge.backends.tinygrad import POOL_MAX_BYTES, POOL_PER_SIZE, VIEW_COPY_MAX_BYTES
+    from devbridge.bench.suite import size_label
 
     rows = keyed(report)
     share, alloc_share = rows.get("own copy work"), rows.get("own alloc + free work")
@@ -218,12 +219,13 @@ def floor_section(report: dict[str, Any], compiled: dict[str, Any]) -> list[str]
         "- The ring checks a range and releases it on one short path when no other copy reads its",
         "  bytes; ranges and handles are filled slot by slot, not through a frozen dataclass's",
         "  `__init__`; the copy's event is made settled.",
-        f"- On an idle CPU device a copy up to {_size(VIEW_COPY_MAX_BYTES)} is a slice assignment of the device's",
+        f"- On an idle CPU device a copy up to {size_label(VIEW_COPY_MAX_BYTES)} is a slice assignment of the device's",
         "  own bytes, without the device synchronize that raw `_copyin` starts with and without a",
         "  ctypes call (most of a small `ctypes.memmove`'s cost); a larger one is a memmove, which",
         "  releases the GIL.",
         "- The tinygrad backend keeps a freed Buffer that was never viewed for the next allocation of",
-        f"  its size (a caching allocator, as PyTorch's: {POOL_PER_SIZE} per size, {_size(POOL_MAX_BYTES)} in all,",
+        f"  its size (a caching allocator, as PyTorch's: {POOL_PER_SIZE} per size,"
+        f" {size_label(POOL_MAX_BYTES)} in all,",
         "  none across a generation, all given back before an allocation that fails is tried again):",
         "  an allocation and a free cost two list operations there, where tinygrad's allocator, whose LRU cache",
         "  keeps the memory too, builds a Buffer each time. A Buffer a view was made over is never",
@@ -241,10 +243,6 @@ def floor_section(report: dict[str, Any], compiled: dict[str, Any]) -> list[str]
         f"dicts, as the interpreter does: {verdict}.",
         "",
     ]
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
 def gap_section(report: dict[str, Any]) -> list[str]:
