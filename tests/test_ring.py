@@ -351,3 +351,18 @@ def test_the_one_call_liveness_test_agrees_with_the_full_check_on_every_range() 
     assert ring._live(HostRange(ring, 16, 8)) is True  # a whole span after the first
     for foreign in (other.reserve(8), object(), None):
         assert ring._live(foreign) is False  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [None, 0.0, 0])
+def test_a_reservation_that_does_not_fit_waits_only_when_asked_to(timeout: float | None) -> None:
+    """The default timeout (0.0, as 0) refuses at once without waiting for room (RING-2);
+    only a timeout other than zero, or None, waits."""
+    ring = HostRing(16)
+    held = ring.reserve(16)
+    waited: list[float | None] = []
+    ring._wait_for_room = lambda n, wait: (waited.append(wait), None)[1]  # type: ignore[method-assign]
+    kwargs = {} if timeout == 0.0 and type(timeout) is float else {"timeout": timeout}
+    with pytest.raises(RingFullError) as full:
+        ring.reserve(8, **kwargs)
+    assert full.value.rule == "RING-2" and waited == ([None] if timeout is None else [])
+    assert ring.unreleased() == [held]

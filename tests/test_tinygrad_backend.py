@@ -1020,17 +1020,37 @@ def test_a_direct_copy_is_a_slice_assignment_up_to_its_bound_and_a_memmove_above
     assert moves == ([] if nbytes <= VIEW_COPY_MAX_BYTES else [True, False])
 
 
-def test_the_guides_state_the_backends_bounds() -> None:
-    """What a user reads of the direct copies, the inline copies and the kept Buffers is what the
-    backend does: the guides name its bounds (the benchmark page is written from them)."""
+def test_the_backend_does_what_the_guides_say_of_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sizes a user reads in the guides are the backend's own: the pool keeps as many Buffers
+    of one size, and as many bytes in all, as the views guide says; a direct copy is a slice
+    assignment up to the size the devices guide says, a memmove above; an async copy up to the
+    size it says is done on return."""
     docs = Path(__file__).resolve().parent.parent / "docs"
-    devices = (docs / "guides" / "devices.md").read_text()
+    devices = " ".join((docs / "guides" / "devices.md").read_text().split())
     views = " ".join((docs / "concepts" / "views-and-jit.md").read_text().split())
-    b = tinygrad_backend
-    assert f"(a slice assignment up to {b.VIEW_COPY_MAX_BYTES >> 20} MiB, a memmove above)" in devices
-    assert f"an async copy of up to {b.INLINE_MAX_BYTES >> 10} KiB to an idle device is done on return" in devices
-    assert f"as PyTorch's: {b.POOL_PER_SIZE} per size, {b.POOL_MAX_BYTES >> 20} MiB in all," in views
-    assert b.VIEW_COPY_MAX_BYTES % (1 << 20) == b.POOL_MAX_BYTES % (1 << 20) == b.INLINE_MAX_BYTES % (1 << 10) == 0
+    found = re.search(r"as PyTorch's: (\d+) per size, (\d+) MiB in all,", views)
+    slice_max = re.search(r"\(a slice assignment up to (\d+) MiB, a memmove above\)", devices)
+    inline_max = re.search(r"an async copy of up to (\d+) KiB to an idle device is done on return", devices)
+    assert found and slice_max and inline_max
+    per_size, total = int(found[1]), int(found[2]) << 20
+    backend = TinygradBackend("CPU")
+    for buf in [backend.alloc(1 << 20, "uint8") for _ in range(per_size + 1)]:
+        backend.free(buf)
+    assert backend.pooled() == {1 << 20: per_size}
+    backend.trim()
+    for buf in [backend.alloc(total // per_size, "uint8") for _ in range(per_size)] + [backend.alloc(64, "uint8")]:
+        backend.free(buf)
+    assert backend.pooled() == {total // per_size: per_size}  # the whole total: not one byte more
+    backend.trim()
+    moves: list[bool] = []
+    real = tg.move_now
+    monkeypatch.setattr(tg, "move_now", lambda *a, **k: (moves.append(k["into_device"]), real(*a, **k))[1])
+    for nbytes in (int(slice_max[1]) << 20, (int(slice_max[1]) << 20) + 256):
+        buf = backend.alloc(nbytes, "uint8")
+        backend.copy_in(buf, 0, memoryview(bytearray(nbytes)), sync=True)
+        backend.free(buf)
+    assert moves == [True]  # only the copy above the bound
+    assert int(inline_max[1]) << 10 == INLINE_MAX_BYTES
 
 
 def test_an_allocation_that_fails_again_after_the_pool_is_given_back_is_a_backend_error(
