@@ -100,6 +100,11 @@ class OrderingError(BridgeError):
     """A call would wait for a use that cannot end while it waits (an open compute event)."""
 
 
+class RingCorruptError(BridgeError):
+    """A shared ring's segment holds what no devbridge ring writes (another process scribbled on
+    it), or a name is not a devbridge ring of this user's: refused, nothing changed."""
+
+
 class LifecycleError(BridgeError):
     """An event reached the core that no allocation state accepts: a bug, not bad input."""
 
@@ -122,6 +127,7 @@ ERRORS: dict[str, type[BridgeError]] = {
         InvalidViewError,
         InvalidHandleError,
         StaleHandleError,
+        RingCorruptError,
         LifecycleError,
         WaitTimeoutError,
         OrderingError,

@@ -9,23 +9,45 @@ copies, written by pending output copies, or left invalid by a failed one.
 `cursor` is the first unreleased byte (or the head when none is): it is
 monotone and never passes an unreleased byte (RING-1). The Bridge drives the
 copy-facing methods; the worker calls `reserve`, `view`, `release`.
+
+Records hand filled ranges from producers to one consumer: `commit` gives a
+whole reservation the ring's next sequence number, `take` returns committed
+records in sequence order (RING-4), and `consume` makes a new consumer
+generation, which gets the records its predecessor took and did not release
+again, first (RING-5). A taken record's bytes return to the ring only when all
+of them are released, so a record delivered again is whole. `HostRing.create`
+and `HostRing.attach` give the same ring in shared memory, across processes
+(devbridge.shared_ring).
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_right, insort
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from devbridge.args import as_count, as_seconds
 from devbridge.buffers import array_layout, byte_view
-from devbridge.errors import OutputNotReadyError, RangeError, RingFullError, short
+from devbridge.errors import (
+    InvalidArgumentError,
+    OutputNotReadyError,
+    RangeError,
+    RingFullError,
+    StaleHandleError,
+    WaitTimeoutError,
+    short,
+)
 from devbridge.types import range_fields, slot_setters
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import numpy as np
+
 
 #: Largest ring the bridge allocates (1 TiB): more is a caller's bug, not a request.
 MAX_CAPACITY = 1 << 40
@@ -53,6 +75,19 @@ def _overlaps(spans: list[Span], r: HostRange) -> bool:
     return any(s < r.end and r.start < e for s, e in spans)
 
 
+class _Record:
+    """A committed reservation (in a shared ring, every reservation of this process's): its
+    bytes, its sequence number (-1 before commit), the consumer generation that took it (0:
+    not taken), whether it is delivered again, and its slot in a shared ring's table."""
+
+    __slots__ = ("end", "redelivered", "seq", "slot", "start", "taken")
+
+    def __init__(self, start: int, end: int, seq: int, slot: int = -1) -> None:
+        self.start, self.end, self.seq, self.slot = start, end, seq, slot
+        self.taken = 0
+        self.redelivered = False
+
+
 class HostRing:
     """Host memory as a ring of stream bytes: `reserve` hands out ranges at a monotone stream
     offset, `view` exposes a range's bytes, and bytes are released (by the bridge after an
@@ -68,8 +103,11 @@ class HostRing:
             memory = bytearray(size)
         except MemoryError as e:
             raise RangeError("RANGE-1", f"cannot allocate a ring of {size} B") from e
+        self._setup(size, memoryview(memory))
+
+    def _setup(self, size: int, memory: memoryview) -> None:
         self.capacity = size
-        self._memory = memoryview(memory)
+        self._memory = memory
         self._lock = threading.Lock()  # never taken twice: no locked method calls another
         self._freed = threading.Condition(self._lock)  # notified when bytes are released
         self._waiting = 0  # reservations blocked on `_freed` (a release notifies only then)
@@ -80,6 +118,52 @@ class HostRing:
         self._reads: list[Span] = []  # pending input copies (a multiset)
         self._writes: list[Span] = []  # pending output copies
         self._failed: list[Span] = []  # outputs whose copy failed: never readable
+        # Records: committed reservations by start until released whole (their starts sorted),
+        # those committed and not yet taken in sequence order, and the consumer generations.
+        self._records: dict[int, _Record] = {}
+        self._record_starts: list[int] = []
+        self._ready: deque[_Record] = deque()
+        self._committed = threading.Condition(self._lock)  # notified on commit and consume
+        self._next_seq = 0
+        self._generation = 0  # the ring's consumer generation (0: no consumer yet)
+        self._consumer: int | None = None  # the generation this object consumes as
+        self.redelivered = 0  # records delivered again to a new consumer
+
+    # ------------------------------------------------------------ across processes
+
+    @classmethod
+    def create(cls, name: str, capacity: int, *, records: int = 4096) -> HostRing:
+        """A new ring in the shared-memory segment `name` (a file under /dev/shm, mode 0600),
+        for producers and a consumer in other processes of this user (`attach`).
+
+        Args:
+            name: the segment's name: 1 to 200 letters, digits, '_', '.' or '-'.
+            capacity: the ring's bytes, an int in [1, 2**40].
+            records: how many reservations may be live at once (the segment's slot table).
+
+        Raises:
+            InvalidArgumentError: ARG-1 for a bad or taken name, or a bad `records`.
+            RangeError: RANGE-1 for a bad capacity."""
+        ring: HostRing = _shared().SharedRing._create(name, capacity, records)
+        return ring
+
+    @classmethod
+    def attach(cls, name: str) -> HostRing:
+        """The shared ring `name` that a process of this user created.
+
+        Raises:
+            InvalidArgumentError: ARG-1 when no segment has that name.
+            RingCorruptError: SHM-1 when it is not a devbridge ring, not this user's alone, or
+                its header does not hold a ring's sizes."""
+        ring: HostRing = _shared().SharedRing._attach(name)
+        return ring
+
+    def close(self) -> None:
+        """Detach from a shared ring; an in-process ring has nothing to detach."""
+
+    def unlink(self) -> None:
+        """Remove a shared ring's name. ARG-1 on an in-process ring: it has none."""
+        raise InvalidArgumentError("ARG-1", "an in-process ring has no name to unlink")
 
     # ------------------------------------------------------------ worker API
 
@@ -87,7 +171,9 @@ class HostRing:
     def cursor(self) -> int:
         """Stream offset below which every byte is released."""
         with self._lock:
-            return self._starts[0] if self._starts else self._head
+            cursor = self._starts[0] if self._starts else self._head
+            # a taken record holds all its bytes until the last is released (RING-5)
+            return min(cursor, self._record_starts[0]) if self._record_starts else cursor
 
     @property
     def head(self) -> int:
@@ -226,6 +312,162 @@ class HostRing:
         with self._lock:
             return [HostRange._made(self, s, e - s) for s, e in zip(self._starts, self._ends, strict=True)]
 
+    # ------------------------------------------------------------ records
+
+    def commit(self, r: HostRange) -> int:
+        """Hand a filled reservation to the consumer: it becomes the record with the ring's next
+        sequence number (0, 1, 2, ... in commit order), and nobody's until `take` gives it out.
+
+        Args:
+            r: a whole unreleased reservation of this ring (not part of one), no copy pending on it.
+
+        Returns:
+            The record's sequence number.
+
+        Raises:
+            RangeError: RING-4 when `r` is not one whole unreleased reservation, or is a record
+                already; RING-3 while a copy into or from it is pending.
+            OutputNotReadyError: D2H-3 when an output copy into it failed.
+            StaleHandleError: GEN-2 on a consumer that a newer one replaced.
+        Nothing changes when it raises."""
+        with self._lock:
+            start, end = self._check_commit(r)
+            record = _Record(start, end, self._next_seq)
+            self._next_seq += 1
+            self._records[start] = record
+            insort(self._record_starts, start)
+            self._ready.append(record)
+            self._committed.notify_all()
+            return record.seq
+
+    def take(self, timeout: float | None = None) -> HostRange:
+        """The next committed record, in sequence order: first those a previous consumer took and
+        did not release (`r.redelivered`), then new ones. Its bytes are this consumer's to view,
+        copy and release; they return to the ring when all of them are released.
+
+        Args:
+            timeout: how long to wait for a commit, in seconds; None waits for as long as it
+                takes. A waiting call sleeps until a commit wakes it; it never spins.
+
+        Returns:
+            The record's range, with `r.seq` and `r.redelivered`.
+
+        Raises:
+            WaitTimeoutError: WAIT-1 when no record is committed by the timeout.
+            StaleHandleError: GEN-2 on a consumer that a newer one replaced (a waiting call
+                raises it when the replacement comes).
+            InvalidArgumentError: ARG-1 for a timeout that is not None or seconds >= 0.
+        The first `take` of a ring that has no consumer yet makes the caller its consumer."""
+        wait = None if timeout is None else as_seconds(timeout, "take's timeout")
+        deadline = None if wait is None else time.monotonic() + wait
+        with self._lock:
+            self._check_consumer()
+            while not self._ready:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeoutError("WAIT-1", f"no record was committed within {wait} s")
+                self._committed.wait(left)
+                self._check_consumer()
+            record = self._ready.popleft()
+            record.taken = self._generation
+            return HostRange._record(self, record)
+
+    def consume(self) -> int:
+        """Become the ring's consumer: the ring's next consumer generation (1, 2, ...). Records
+        the previous consumer took and did not release whole are delivered again, first, in
+        sequence order; a previous consumer elsewhere is fenced: its calls raise GEN-2.
+
+        Raises:
+            StaleHandleError: GEN-2 on a consumer that a newer one replaced."""
+        with self._lock:
+            self._check_fence()
+            self._generation += 1
+            self._consumer = self._generation
+            again = sorted((r for r in self._records.values() if r.taken), key=lambda r: r.seq)
+            for record in again:
+                record.taken, record.redelivered = 0, True
+                self._rejoin(record.start, record.end)
+            self.redelivered += len(again)
+            self._ready.extendleft(reversed(again))
+            self._committed.notify_all()
+            return self._generation
+
+    @property
+    def generation(self) -> int:
+        """The ring's consumer generation: how many times a consumer took the role."""
+        return self._generation
+
+    def _check_commit(self, r: HostRange) -> Span:  # the lock held
+        """The bytes of `r` when it may be committed (see `commit`)."""
+        self._check_fence()
+        self._check_live(r, "RING-4")
+        i = self._find(r)
+        if (self._starts[i], self._ends[i]) != (r.start, r.end):
+            raise RangeError("RING-4", f"host bytes {_fmt(r)} are not one whole unreleased reservation")
+        record = self._records.get(r.start)
+        if record is not None and record.seq >= 0:
+            raise RangeError("RING-4", f"host bytes {_fmt(r)} are a record already")
+        if _overlaps(self._reads, r) or _overlaps(self._writes, r):
+            raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
+        if _overlaps(self._failed, r):
+            raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
+        return r.start, r.end
+
+    def _check_consumer(self) -> None:  # the lock held
+        """The caller may take: this object is the current consumer (or the ring has none yet)."""
+        if self._consumer is None and self._generation == 0:
+            self._generation = self._consumer = 1
+        self._check_fence()
+        if self._consumer is None:
+            raise StaleHandleError(
+                "GEN-2", f"another consumer holds this ring (generation {self._generation}): consume() takes over"
+            )
+
+    def _check_fence(self) -> None:
+        """GEN-2 for a consumer that a newer one replaced (in one process there is none)."""
+
+    def _rejoin(self, start: int, end: int) -> None:  # the lock held
+        """Make [start, end) one unreleased span again (a record delivered again: its released
+        bytes were held, never reused)."""
+        i = bisect_right(self._starts, start)
+        j = i
+        while j < len(self._starts) and self._starts[j] < end:
+            j += 1
+        self._starts[i:j] = [start]
+        self._ends[i:j] = [end]
+
+    def _record_at(self, start: int, end: int) -> _Record | None:  # the lock held
+        """The record holding the bytes [start, end), if any."""
+        i = bisect_right(self._record_starts, start) - 1
+        if i >= 0:
+            record = self._records[self._record_starts[i]]
+            if end <= record.end:
+                return record
+        return None
+
+    def _check_taken(self, r: HostRange, rule: str) -> None:  # the lock held, `r` live
+        """A record's bytes are nobody's between its commit and its take (RING-4)."""
+        record = self._record_at(r.start, r.end)
+        if record is not None and record.seq >= 0 and not record.taken:
+            raise RangeError("RING-4", f"host bytes {_fmt(r)} are committed, not taken yet")
+
+    def _settle_record(self, start: int) -> None:  # the lock held, bytes at `start` released
+        """Forget the record holding `start` once none of its bytes is unreleased."""
+        record = self._record_at(start, start + 1)
+        if record is None:
+            return
+        i = bisect_right(self._starts, record.start) - 1
+        if i >= 0 and self._ends[i] > record.start:
+            return
+        if i + 1 < len(self._starts) and self._starts[i + 1] < record.end:
+            return
+        del self._records[record.start]
+        self._record_starts.remove(record.start)
+        self._record_released(record)
+
+    def _record_released(self, record: _Record) -> None:
+        """All bytes of a record are released (a shared ring frees its slot here)."""
+
     # ------------------------------------------------------------ Bridge API
 
     def check_source(self, r: HostRange) -> None:
@@ -305,7 +547,9 @@ class HostRing:
     def snapshot(self) -> tuple[object, ...]:
         """Everything the ring knows, for tests asserting that a rejected call changed nothing."""
         with self._lock:
-            return (*self._bookkeeping(), bytes(self._memory))
+            records = tuple((r.start, r.end, r.seq, r.taken, r.redelivered) for r in self._records.values())
+            queue = tuple(r.seq for r in self._ready)
+            return (*self._bookkeeping(), records, queue, self._next_seq, self._generation, bytes(self._memory))
 
     def state(self) -> RingState:
         """Its bookkeeping as a value, without the bytes (`restore` takes it back): a model
@@ -340,6 +584,8 @@ class HostRing:
         start = self._head if pos + n <= self.capacity else self._head + self.capacity - pos
         # Bytes skipped at a lap's end are free: with nothing unreleased, the whole ring is.
         oldest = self._starts[0] if self._starts else start
+        if self._record_starts:  # a taken record holds all its bytes until the last is released
+            oldest = min(oldest, self._record_starts[0])
         return start if start + n - oldest <= self.capacity else None
 
     def _wait_for_room(self, n: int, wait: float | None) -> int | None:  # the lock held
@@ -358,9 +604,9 @@ class HostRing:
 
     def _largest_free(self) -> int:
         """The longest reservation that would fit now (for messages)."""
-        if not self._starts:
+        if not self._starts and not self._record_starts:
             return self.capacity
-        oldest, pos = self._starts[0], self._head % self.capacity
+        oldest, pos = min(self._starts[:1] + self._record_starts[:1]), self._head % self.capacity
         tail = min(self.capacity - pos, self.capacity - (self._head - oldest))
         front = self.capacity - (self._head + self.capacity - pos - oldest)
         return max(tail, front, 0)
@@ -380,12 +626,14 @@ class HostRing:
         if type(r) is not HostRange or r.ring is not self:
             return False
         i = bisect_right(self._starts, r.start) - 1
-        return i >= 0 and r.start + r.nbytes <= self._ends[i]
+        return i >= 0 and r.start + r.nbytes <= self._ends[i] and not self._records
 
     def _check_live(self, r: HostRange, rule: str) -> None:
         self._check_ring(r)
         if self._find(r) < 0:
             raise RangeError(rule, f"host bytes {_fmt(r)} are not reserved and unreleased in one reservation")
+        if self._records:
+            self._check_taken(r, rule)
 
     def _cut(self, r: HostRange) -> None:
         self._cut_span(r.start, r.start + r.nbytes)
@@ -404,8 +652,15 @@ class HostRing:
             self._ends[i] = start
         else:  # the whole span goes (the usual case)
             del self._starts[i], self._ends[i]
+        if self._records:
+            self._settle_record(start)
         if self._waiting:
             self._freed.notify_all()
+
+
+def _shared() -> ModuleType:
+    """devbridge.shared_ring, which builds on this module (imported on first use, not here)."""
+    return importlib.import_module("devbridge.shared_ring")
 
 
 def _fmt(r: HostRange) -> str:
@@ -419,6 +674,9 @@ class HostRange:
     ring: HostRing = field(repr=False)
     start: int
     nbytes: int
+    # set on a range `take` returned (read through `seq` and `redelivered`)
+    _seq: int = field(init=False, repr=False, compare=False)
+    _redelivered: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.ring, HostRing):
@@ -436,10 +694,34 @@ class HostRange:
         _set_nbytes(r, nbytes)
         return r
 
+    @classmethod
+    def _record(cls, ring: HostRing, record: _Record) -> HostRange:
+        """The range of a record `take` gives out."""
+        r = cls._made(ring, record.start, record.end - record.start)
+        _set_seq(r, record.seq)
+        _set_redelivered(r, record.redelivered)
+        return r
+
     @property
     def end(self) -> int:
         """The stream offset just past the range."""
         return self.start + self.nbytes
+
+    @property
+    def seq(self) -> int | None:
+        """The record's sequence number, on a range `take` returned; None on any other."""
+        try:
+            return self._seq
+        except AttributeError:
+            return None
+
+    @property
+    def redelivered(self) -> bool:
+        """Whether `take` gave this record out before, to a consumer that did not release it."""
+        try:
+            return self._redelivered
+        except AttributeError:
+            return False
 
     def sub(self, offset: int, nbytes: int) -> HostRange:
         """The part of this range at `offset` (relative), `nbytes` long."""
@@ -450,4 +732,6 @@ class HostRange:
 
 
 # fill a frozen range without running its checks again
-_set_ring, _set_start, _set_nbytes = slot_setters(HostRange, "ring", "start", "nbytes")
+_set_ring, _set_start, _set_nbytes, _set_seq, _set_redelivered = slot_setters(
+    HostRange, "ring", "start", "nbytes", "_seq", "_redelivered"
+)

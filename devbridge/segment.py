@@ -1,0 +1,189 @@
+"""A named shared-memory segment and the operating system's parts a ring across processes needs.
+
+- The segment is a file under `/dev/shm` (what POSIX `shm_open` makes), opened with `O_NOFOLLOW`,
+  mode 0600, and mapped with `mmap`. Not `multiprocessing.shared_memory`: before Python 3.13 its
+  resource tracker unlinks a segment when *any* process that attached it exits (cpython #82300).
+  The name lives until `unlink`; the memory until the last process unmaps it.
+- The lock is `flock` on the segment's file, taken after a thread lock: the kernel drops it when
+  its holder dies, whatever instruction it was at, so a killed process never blocks the others.
+- Waiting is a futex on a 32-bit word of the segment (`FUTEX_WAIT` with a timeout): a waiting
+  process sleeps in the kernel and uses no CPU; `FUTEX_WAKE` wakes it.
+- A process is known by its pid and its start time (`/proc/PID/stat`), so a reused pid is not
+  taken for the process that died.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+import platform
+import re
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from devbridge.errors import InvalidArgumentError, RingCorruptError, short
+
+#: Where named segments live (a tmpfs: memory, not disk).
+SHM_DIR = "/dev/shm"
+#: A segment's name: what `shm_open` accepts, without the leading slash (the same name in every process).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_libc = ctypes.CDLL(None, use_errno=True)  # its calls release the GIL
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def segment_path(name: object) -> str:
+    """The file of the segment named `name`; ARG-1 for what is not a segment name."""
+    if type(name) is not str or not _NAME.fullmatch(name.removeprefix("/")):
+        raise InvalidArgumentError(
+            "ARG-1", f"a ring's name must be 1 to 200 letters, digits, '_', '.' or '-', got {short(name)}"
+        )
+    return os.path.join(SHM_DIR, name.removeprefix("/"))
+
+
+class Segment:
+    """One process's mapping of a named segment: its bytes, its lock, its futex words."""
+
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        self.path = path
+        self._fd = fd
+        self.map = mmap.mmap(fd, size)
+        self.size = size
+        self._thread_lock = threading.Lock()
+        self._words: dict[int, ctypes.c_uint32] = {}  # futex words by byte offset (they pin the map)
+
+    @classmethod
+    def create(cls, name: object, size: int) -> Segment:
+        """A new segment of `size` zero bytes; ARG-1 when the name is taken."""
+        path = segment_path(name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            raise InvalidArgumentError("ARG-1", f"a shared-memory segment named {name!r} exists already") from None
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.ftruncate(fd, size)
+            return cls(path, fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+
+    @classmethod
+    def open(cls, name: object, least: int) -> Segment:
+        """The segment named `name`, when it is a regular file of this user's, readable and
+        writable by this user only, of at least `least` bytes (SHM-1 otherwise)."""
+        path = segment_path(name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise InvalidArgumentError("ARG-1", f"no shared-memory segment is named {name!r}") from None
+        except OSError as e:  # a link (ELOOP), a segment this user may not open (EACCES), ...
+            raise RingCorruptError("SHM-1", f"{name!r} cannot be opened as a ring: {e.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise RingCorruptError("SHM-1", f"{name!r} is not a shared-memory segment")
+            if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+                raise RingCorruptError("SHM-1", f"{name!r} is not this user's alone (owner or mode)")
+            if info.st_size < least:
+                raise RingCorruptError("SHM-1", f"{name!r} is {info.st_size} B: too short for a ring")
+            return cls(path, fd, info.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @staticmethod
+    def unlink(name: object) -> None:
+        """Remove the name (mappings stay valid until unmapped); ARG-1 when there is none."""
+        try:
+            os.unlink(segment_path(name))
+        except FileNotFoundError:
+            raise InvalidArgumentError("ARG-1", f"no shared-memory segment is named {name!r}") from None
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the segment's lock: other threads of this process, then other processes. The
+        kernel drops a dead holder's `flock`, so a killed process never keeps it."""
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _word(self, offset: int) -> ctypes.c_uint32:
+        word = self._words.get(offset)
+        if word is None:
+            word = self._words[offset] = ctypes.c_uint32.from_buffer(self.map, offset)
+        return word
+
+    def wait(self, offset: int, seen: int, timeout: float) -> None:
+        """Sleep until the 32-bit word at `offset` is woken, no longer holds `seen`, or `timeout`
+        seconds pass (no spinning: the kernel holds the sleeper)."""
+        word = self._word(offset)
+        if _SYS_FUTEX is None:  # no futex number known for this machine: a short sleep instead
+            threading.Event().wait(min(timeout, 0.001))
+            return
+        sec = int(timeout)
+        spec = _Timespec(sec, int((timeout - sec) * 1e9))
+        if _libc.syscall(_SYS_FUTEX, ctypes.byref(word), _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(spec), 0, 0):
+            code = ctypes.get_errno()
+            if code not in (errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR):
+                raise OSError(code, os.strerror(code))
+
+    def wake(self, offset: int) -> None:
+        """Wake every process sleeping on the word at `offset`."""
+        if _SYS_FUTEX is not None:
+            _libc.syscall(_SYS_FUTEX, ctypes.byref(self._word(offset)), _FUTEX_WAKE, 0x7FFFFFFF, 0, 0, 0)
+
+    def close(self) -> bool:
+        """Unmap and close. False when a view of the bytes is still held somewhere: the map then
+        goes when the last view does."""
+        self._words.clear()
+        os.close(self._fd)
+        try:
+            self.map.close()
+        except BufferError:
+            return False
+        return True
+
+
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), or None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()  # after the command name, which may hold spaces
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+_me: tuple[int, int] = (0, 0)
+
+
+def this_process() -> tuple[int, int]:
+    """This process's pid and start time (read again after a fork)."""
+    global _me
+    pid = os.getpid()
+    if _me[0] != pid:
+        _me = (pid, _start_time(pid) or 0)
+    return _me
+
+
+def alive(pid: int, started: int) -> bool:
+    """Whether the process that had `pid` and started at `started` still runs (not a zombie)."""
+    return pid > 0 and _start_time(pid) == started

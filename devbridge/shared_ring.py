@@ -1,0 +1,509 @@
+"""The host ring in shared memory: producers in their own processes, one consumer at a time.
+
+The segment: a header of 64-bit words, the commit table (the slot of each sequence number, at
+seq % slots), the slot table (one reservation each, in stream order, reused round the table)
+and the data. Writers hold the segment's lock (`flock`: a dead holder's comes back); each call
+changes one word last (`count`, `next_seq`, `take_seq`, a slot's state, `generation`), so a
+process killed at any instruction leaves either the old state or the new one. Every word read
+is checked before use (SHM-1): a slot's fixed fields carry a check word, counters must be in
+range, sequence numbers must name their own slot.
+
+Each process tracks the bytes of its own reservations and taken records as an in-process ring
+does (HostRing's bookkeeping: views, pending copies, partial releases); the segment says which
+reservations are live, committed, taken and released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from array import array
+from bisect import bisect_left, bisect_right, insort
+
+from devbridge.args import as_count, as_seconds
+from devbridge.errors import (
+    InvalidArgumentError,
+    RangeError,
+    RingCorruptError,
+    RingFullError,
+    StaleHandleError,
+    WaitTimeoutError,
+    short,
+)
+from devbridge.ring import MAX_CAPACITY, HostRange, HostRing, RingState, Span, _fmt, _Record
+from devbridge.segment import Segment, alive, this_process
+
+_MAGIC = 0x474E495242564544  # "DEVBRING"
+_LAYOUT = 1
+(_H_MAGIC, _H_LAYOUT, _H_CAPACITY, _H_SLOTS, _H_DATA, _H_COUNT, _H_TAIL, _H_NEXT_SEQ, _H_TAKE_SEQ,
+ _H_GENERATION, _H_CONSUMER_PID, _H_CONSUMER_START, _H_REDELIVER_UNTIL, _H_RECLAIMED, _H_COMMITS,
+ _H_RELEASES, _H_REDELIVERED) = range(17)  # fmt: skip
+_HEADER_WORDS = 32
+_SLOT_WORDS = 8
+_S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE = range(7)
+_RESERVED, _RELEASED, _RECLAIMED = 1, 2, 3
+_BIG = 1 << 62  # no counter of a ring in use comes near
+#: Most slots (live reservations) a shared ring may have.
+MAX_SLOTS = 1 << 20
+#: How often a reservation waiting for room looks for producers that died holding some.
+RECLAIM_EVERY_S = 0.05
+#: How often a waiting `take` looks whether a newer consumer replaced it.
+FENCE_EVERY_S = 0.25
+
+
+def _check_word(start: int, nbytes: int, pid: int, pstart: int) -> int:
+    return (start * 0x9E3779B97F4A7C15 ^ nbytes * 0xC2B2AE3D27D4EB4F ^ pid * 0x165667B1 ^ pstart ^ _MAGIC) & (_BIG - 1)
+
+
+def _layout(capacity: int, slots: int) -> tuple[int, int, int]:
+    """Word offsets of the commit table and the slot table, and the data's byte offset (a page)."""
+    commits = _HEADER_WORDS
+    table = commits + slots
+    data = -(-(table + slots * _SLOT_WORDS) * 8 // 4096) * 4096
+    return commits, table, data
+
+
+class SharedRing(HostRing):
+    """A HostRing in a named shared-memory segment, used by several processes at once: producers
+    reserve, fill and `commit`; one consumer at a time (`consume`) takes, copies and releases.
+    Each process tracks the bytes of its own reservations and taken records as an in-process
+    ring does; the segment holds which reservations are live, committed, taken and released.
+    Made by `HostRing.create` and `HostRing.attach`."""
+
+    def __init__(self, segment: Segment, capacity: int, slots: int) -> None:
+        self._segment = segment
+        self._slots = slots
+        self._commits_at, self._table_at, data = _layout(capacity, slots)
+        words = memoryview(segment.map)
+        self._words = words[:data].cast("q")
+        self._closed = False
+        self._setup(capacity, words[data : data + capacity])
+        self.name = os.path.basename(segment.path)
+
+    # ------------------------------------------------------------ making and ending
+
+    @classmethod
+    def _create(cls, name: object, capacity: object, records: object) -> SharedRing:
+        size = as_count(capacity)
+        if size is None or not 0 < size <= MAX_CAPACITY:
+            raise RangeError("RANGE-1", f"ring capacity must be an int in [1, 2**40], got {short(capacity)}")
+        slots = as_count(records)
+        if slots is None or not 0 < slots <= MAX_SLOTS:
+            raise InvalidArgumentError("ARG-1", f"records must be an int in [1, 2**20], got {short(records)}")
+        _, _, data = _layout(size, slots)
+        segment = Segment.create(name, data + size)
+        words = memoryview(segment.map)[:data].cast("q")
+        words[_H_LAYOUT], words[_H_CAPACITY], words[_H_SLOTS], words[_H_DATA] = _LAYOUT, size, slots, data
+        words[_H_MAGIC] = _MAGIC  # last: a half-made segment is no ring
+        words.release()
+        return cls(segment, size, slots)
+
+    @classmethod
+    def _attach(cls, name: object) -> SharedRing:
+        segment = Segment.open(name, _HEADER_WORDS * 8)
+        try:
+            words = memoryview(segment.map)[: _HEADER_WORDS * 8].cast("q")
+            magic, layout, size, slots, data = (words[i] for i in range(5))
+            words.release()
+            if magic != _MAGIC:
+                raise RingCorruptError("SHM-1", f"{name!r} is not a devbridge ring")
+            if layout != _LAYOUT:
+                raise RingCorruptError("SHM-1", f"{name!r} has ring layout {layout}; this devbridge reads {_LAYOUT}")
+            if not (0 < size <= MAX_CAPACITY and 0 < slots <= MAX_SLOTS and data == _layout(size, slots)[2]):
+                raise RingCorruptError("SHM-1", f"{name!r}'s header holds no ring's sizes")
+            if segment.size != data + size:
+                raise RingCorruptError(
+                    "SHM-1", f"{name!r} is {segment.size} B, not the {data + size} B its header says"
+                )
+            return cls(segment, size, slots)
+        except BaseException:
+            segment.close()
+            raise
+
+    def close(self) -> None:
+        """Detach this process from the ring (its name and the other processes' stay). Ranges
+        this process reserved or took and did not release stay live in the ring: a new consumer
+        gets taken records again; reservations are reclaimed once this process has exited."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._starts, self._ends, self._records, self._record_starts = [], [], {}, []
+            for view in (self._words, self._memory):
+                with contextlib.suppress(BufferError):  # a view is still held: the map goes with the last
+                    view.release()
+            self._segment.close()
+
+    def unlink(self) -> None:
+        """Remove the ring's name: no process can attach it any more; the memory lives until
+        the last process detaches."""
+        Segment.unlink(self.name)
+
+    def __enter__(self) -> SharedRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ the shared words, checked
+
+    def _word(self, i: int, least: int = 0, most: int = _BIG) -> int:
+        value = self._words[i]
+        if not least <= value <= most:
+            raise RingCorruptError(
+                "SHM-1", f"ring {self.name!r}: header word {i} holds {value}, outside [{least}, {most}]"
+            )
+        return value
+
+    def _window(self) -> tuple[int, int]:
+        """`tail` and `count`: the reservations from the oldest live one to the newest."""
+        count = self._word(_H_COUNT)
+        tail = self._word(_H_TAIL, max(count - self._slots, 0), count)
+        return tail, count
+
+    def _slot(self, index: int) -> tuple[int, int, int, int, int, int]:
+        """Reservation `index`'s start, size, owner (pid and start time), sequence number and state."""
+        base = self._table_at + (index % self._slots) * _SLOT_WORDS
+        start, nbytes, pid, pstart, check, seq, state = self._words[base : base + 7]
+        if (
+            check != _check_word(start, nbytes, pid, pstart)
+            or not 0 <= start < _BIG
+            or not 0 < nbytes <= self.capacity
+            or start % self.capacity + nbytes > self.capacity
+            or state not in (_RESERVED, _RELEASED, _RECLAIMED)
+        ):
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
+        return start, nbytes, pid, pstart, seq, state
+
+    def _committed_seq(self, index: int, seq: int) -> bool:
+        """Whether reservation `index` holds sequence number `seq` (< next_seq): its commit is done."""
+        next_seq = self._words[_H_NEXT_SEQ]
+        return 0 <= seq < next_seq and self._words[self._commits_at + seq % self._slots] == index
+
+    def _shared_head(self, count: int) -> int:
+        if count == 0:
+            return 0
+        start, nbytes, *_ = self._slot(count - 1)
+        return start + nbytes
+
+    def _oldest(self, tail: int, count: int) -> int:
+        return self._slot(tail)[0] if tail < count else self._shared_head(count)
+
+    def _advance_tail(self) -> None:  # the segment locked
+        tail, count = self._window()
+        while tail < count and self._slot(tail)[5] != _RESERVED:
+            tail += 1
+        self._words[_H_TAIL] = tail
+
+    def _bump(self, word: int) -> None:
+        """Change a futex word (its low 32 bits) and wake whoever sleeps on it."""
+        self._words[word] = (self._words[word] + 1) & 0xFFFFFFFF
+        self._segment.wake(word * 8)
+
+    # ------------------------------------------------------------ fence
+
+    def _check_fence(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
+        if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
+            raise StaleHandleError(
+                "GEN-2",
+                f"ring {self.name!r}: consumer generation {self._consumer} was replaced by generation "
+                f"{self._words[_H_GENERATION]}",
+            )
+
+    @property
+    def generation(self) -> int:
+        return self._word(_H_GENERATION)
+
+    # ------------------------------------------------------------ producers
+
+    @property
+    def head(self) -> int:
+        with self._segment.locked():
+            return self._shared_head(self._window()[1])
+
+    @property
+    def cursor(self) -> int:
+        """Stream offset below which every byte is released (as this process sees its own
+        reservations and records: bytes released of one not yet released whole count)."""
+        with self._lock, self._segment.locked():
+            tail, count = self._window()
+            oldest = self._oldest(tail, count)
+            record = self._records.get(oldest) if tail < count else None
+            if record is not None:  # the oldest is this process's: its first byte not released
+                i = bisect_left(self._ends, record.start + 1)
+                return max(record.start, self._starts[i]) if i < len(self._starts) else record.end
+            return oldest
+
+    def reserve(self, nbytes: int, *, timeout: float | None = 0.0) -> HostRange:
+        n = nbytes if type(nbytes) is int else as_count(nbytes)
+        if n is None or n <= 0:
+            raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
+        wait = None if timeout is None else as_seconds(timeout, "a reservation's timeout")
+        if n > self.capacity:
+            raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
+        deadline = None if wait is None else time.monotonic() + wait
+        me = this_process()
+        while True:
+            seen = self._words[_H_RELEASES] & 0xFFFFFFFF
+            with self._lock:
+                self._check_fence()
+                with self._segment.locked():
+                    r = self._reserve_now(n, me)
+                    if r is None and wait != 0 and self._reclaim_dead():
+                        r = self._reserve_now(n, me)
+                    if r is not None:
+                        return r
+                    largest = self._largest_shared()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
+            self._segment.wait(_H_RELEASES * 8, seen, RECLAIM_EVERY_S if left is None else min(left, RECLAIM_EVERY_S))
+
+    def _reserve_now(self, n: int, me: tuple[int, int]) -> HostRange | None:  # both locks held
+        tail, count = self._window()
+        if count - tail == self._slots:
+            self._advance_tail()
+            tail, count = self._window()
+            if count - tail == self._slots:
+                return None  # every slot holds a live reservation
+        head = self._shared_head(count)
+        oldest = self._oldest(tail, count)
+        if not 0 <= head - oldest <= self.capacity:
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: head {head} and oldest byte {oldest} are no ring")
+        pos = head % self.capacity
+        start = head if pos + n <= self.capacity else head + self.capacity - pos
+        if start + n - oldest > self.capacity:
+            return None
+        base = self._table_at + (count % self._slots) * _SLOT_WORDS
+        pid, pstart = me
+        self._words[base : base + 7] = memoryview(
+            array("q", [start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED])
+        )
+        self._words[_H_COUNT] = count + 1  # the reservation exists from here on
+        self._starts.append(start)
+        self._ends.append(start + n)
+        self._head = start + n
+        self._records[start] = _Record(start, start + n, -1, count)
+        self._record_starts.append(start)
+        return HostRange._made(self, start, n)
+
+    def _largest_shared(self) -> int:  # the segment locked
+        tail, count = self._window()
+        if count - tail == self._slots:
+            return 0
+        head, oldest = self._shared_head(count), self._oldest(tail, count)
+        pos = head % self.capacity
+        tail_room = min(self.capacity - pos, self.capacity - (head - oldest))
+        front = self.capacity - (head + self.capacity - pos - oldest)
+        return max(tail_room, front, 0)
+
+    def commit(self, r: HostRange) -> int:
+        with self._lock:
+            start, _ = self._check_commit(r)
+            record = self._records[start]
+            with self._segment.locked():
+                seq = self._word(_H_NEXT_SEQ)
+                base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
+                if self._slot(record.slot)[:1] != (start,):
+                    raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {_fmt(r)} holds another range")
+                self._words[base + _S_SEQ] = seq
+                self._words[self._commits_at + seq % self._slots] = record.slot
+                self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on
+                self._bump(_H_COMMITS)
+            del self._records[start]
+            self._record_starts.remove(start)
+            self._cut_local(start, record.end)
+            return seq
+
+    def _check_commit(self, r: HostRange) -> Span:  # the lock held
+        span = super()._check_commit(r)
+        # (every reservation of this process is a record here: the base class's test is moot)
+        record = self._records.get(r.start)
+        if record is None or record.end != r.end or record.seq >= 0 or record.taken:
+            raise RangeError("RING-4", f"host bytes {_fmt(r)} are not a whole reservation of this process")
+        return span
+
+    def _cut_local(self, start: int, end: int) -> None:
+        i = bisect_right(self._starts, start) - 1
+        del self._starts[i], self._ends[i]
+
+    # ------------------------------------------------------------ the consumer
+
+    def consume(self) -> int:
+        with self._lock:
+            self._check_fence()
+            with self._segment.locked():
+                generation = self._word(_H_GENERATION, 0, _BIG - 1) + 1
+                self._words[_H_GENERATION] = generation  # every older consumer is fenced from here on
+                self._words[_H_CONSUMER_PID], self._words[_H_CONSUMER_START] = this_process()
+                self._rewind()
+                self._bump(_H_COMMITS)  # a fenced consumer waiting in take() wakes to its GEN-2
+            # records this object took as an older generation go back to the ring
+            for start in [s for s, rec in self._records.items() if rec.taken]:
+                record = self._records.pop(start)
+                self._record_starts.remove(start)
+                i = bisect_right(self._starts, record.start)
+                while i < len(self._starts) and self._starts[i] < record.end:
+                    del self._starts[i], self._ends[i]
+                if i and self._ends[i - 1] > record.start:
+                    del self._starts[i - 1], self._ends[i - 1]
+            self._consumer = self._generation = generation
+            return generation
+
+    def _rewind(self) -> None:  # the segment locked
+        """Deliver again every record taken and not released: `take_seq` back to the oldest."""
+        take_seq = self._word(_H_TAKE_SEQ, 0, self._words[_H_NEXT_SEQ])
+        lowest = take_seq
+        tail, count = self._window()
+        for index in range(tail, count):
+            _, _, _, _, seq, state = self._slot(index)
+            if state == _RESERVED and self._committed_seq(index, seq) and seq < lowest:
+                lowest = seq
+        if lowest < take_seq:
+            self._words[_H_REDELIVER_UNTIL] = max(self._word(_H_REDELIVER_UNTIL), take_seq)
+            self._words[_H_TAKE_SEQ] = lowest
+
+    def take(self, timeout: float | None = None) -> HostRange:
+        wait = None if timeout is None else as_seconds(timeout, "take's timeout")
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            seen = self._words[_H_COMMITS] & 0xFFFFFFFF
+            if self._consumer is None and self._word(_H_GENERATION) == 0:
+                self.consume()  # the ring's first consumer
+            with self._lock:
+                self._check_fence()
+                if self._consumer is None:
+                    raise StaleHandleError(
+                        "GEN-2",
+                        f"ring {self.name!r} has a consumer (generation {self.generation}): consume() takes over",
+                    )
+                with self._segment.locked():
+                    self._check_fence()
+                    r = self._take_now()
+                if r is not None:
+                    return r
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeoutError("WAIT-1", f"no record was committed to ring {self.name!r} within {wait} s")
+            self._segment.wait(_H_COMMITS * 8, seen, FENCE_EVERY_S if left is None else min(left, FENCE_EVERY_S))
+
+    def _take_now(self) -> HostRange | None:  # both locks held
+        next_seq = self._word(_H_NEXT_SEQ)
+        seq = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
+        tail, count = self._window()
+        while seq < next_seq:
+            index = self._word(self._commits_at + seq % self._slots, tail, count - 1)
+            start, nbytes, _, _, slot_seq, state = self._slot(index)
+            if slot_seq != seq:
+                raise RingCorruptError("SHM-1", f"ring {self.name!r}: record {seq}'s slot holds record {slot_seq}")
+            seq += 1
+            if state != _RESERVED:
+                continue  # released by a consumer before the one it was delivered again to
+            redelivered = seq <= self._words[_H_REDELIVER_UNTIL]
+            self._words[_H_TAKE_SEQ] = seq  # taken from here on
+            if redelivered:
+                self._words[_H_REDELIVERED] += 1
+            record = _Record(start, start + nbytes, seq - 1, index)
+            record.taken, record.redelivered = self._consumer or 0, redelivered
+            self._records[start] = record
+            insort(self._record_starts, start)
+            self._rejoin(start, start + nbytes)
+            return HostRange._record(self, record)
+        self._words[_H_TAKE_SEQ] = seq
+        return None
+
+    # ------------------------------------------------------------ releases
+
+    def _record_released(self, record: _Record) -> None:  # the lock held
+        if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
+            return  # a fenced consumer's release changes nothing: the record is delivered again
+        with self._segment.locked():
+            start, *_ = self._slot(record.slot)
+            if start != record.start:
+                raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of [{record.start}, ...) holds another")
+            self._words[self._table_at + (record.slot % self._slots) * _SLOT_WORDS + _S_STATE] = _RELEASED
+            self._advance_tail()
+            self._bump(_H_RELEASES)
+
+    def release(self, r: HostRange) -> None:
+        with self._lock:
+            self._check_fence()
+        super().release(r)
+
+    def view(self, r: HostRange) -> memoryview:
+        with self._lock:
+            self._check_fence()
+        return super().view(r)
+
+    def check_source(self, r: HostRange) -> None:
+        with self._lock:
+            self._check_fence()
+        super().check_source(r)
+
+    def check_dest(self, r: HostRange) -> None:
+        with self._lock:
+            self._check_fence()
+        super().check_dest(r)
+
+    def released(self, r: HostRange) -> bool:
+        with self._lock:
+            self._check_ring(r)
+            with self._segment.locked():
+                tail, count = self._window()
+                if r.end > self._shared_head(count):
+                    raise RangeError("RING-1", f"host bytes {_fmt(r)} were never reserved")
+                for index in range(tail, count):
+                    start, nbytes, _, _, _, state = self._slot(index)
+                    if start >= r.end:
+                        break
+                    if state == _RESERVED and start + nbytes > r.start:
+                        if start not in self._records:
+                            return False  # another process's, or committed and not taken
+                        return super().released(r)
+                return True
+
+    def reclaim(self) -> int:
+        """Release the reservations of producers that died before committing them: the cursor
+        does not wait behind them forever (RING-6). Returns how many were reclaimed."""
+        with self._lock:
+            self._check_fence()
+            with self._segment.locked():
+                return self._reclaim_dead()
+
+    def _reclaim_dead(self) -> int:  # the segment locked
+        tail, count = self._window()
+        found = 0
+        for index in range(tail, count):
+            _, _, pid, pstart, seq, state = self._slot(index)
+            if state == _RESERVED and not self._committed_seq(index, seq) and not alive(pid, pstart):
+                self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE] = _RECLAIMED
+                self._words[_H_RECLAIMED] += 1
+                found += 1
+        if found:
+            self._advance_tail()
+            self._bump(_H_RELEASES)
+        return found
+
+    def stats(self) -> dict[str, int]:
+        """The ring's counters across processes: records committed and taken, the consumer
+        generation, records delivered again, reservations reclaimed, live reservations."""
+        with self._segment.locked():
+            tail, count = self._window()
+            return {
+                "committed": self._words[_H_NEXT_SEQ],
+                "taken": self._words[_H_TAKE_SEQ],
+                "generation": self._words[_H_GENERATION],
+                "redelivered": self._words[_H_REDELIVERED],
+                "reclaimed": self._words[_H_RECLAIMED],
+                "live": sum(self._slot(i)[5] == _RESERVED for i in range(tail, count)),
+            }
+
+    def snapshot(self) -> tuple[object, ...]:
+        with self._segment.locked():
+            return (*super().snapshot(), bytes(self._words))
+
+    def restore(self, state: RingState) -> None:
+        raise InvalidArgumentError("ARG-1", "a shared ring's bookkeeping is its segment's: it cannot be restored")
