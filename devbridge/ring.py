@@ -289,12 +289,16 @@ class HostRing:
             self._check_ring(r)
             if r.end > self._head:
                 raise RangeError("RING-1", f"host bytes {_fmt(r)} were never reserved (head is {self._head})")
-            i = max(bisect_right(self._starts, r.start) - 1, 0)
-            while i < len(self._starts) and self._starts[i] < r.end:
-                if self._ends[i] > r.start:
-                    return False
-                i += 1
-            return True
+            return not self._any_unreleased(r)
+
+    def _any_unreleased(self, r: HostRange) -> bool:  # the lock held
+        """Whether any byte of `r` lies in an unreleased span."""
+        i = max(bisect_right(self._starts, r.start) - 1, 0)
+        while i < len(self._starts) and self._starts[i] < r.end:
+            if self._ends[i] > r.start:
+                return True
+            i += 1
+        return False
 
     def release(self, r: HostRange) -> None:
         """Release bytes the worker consumed. Refused for bytes a pending copy still uses."""

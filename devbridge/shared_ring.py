@@ -41,7 +41,7 @@ _LAYOUT = 1
  _H_RELEASES, _H_REDELIVERED) = range(17)  # fmt: skip
 _HEADER_WORDS = 32
 _SLOT_WORDS = 8
-_S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE = range(7)
+_S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE, _S_FREED = range(8)
 _RESERVED, _RELEASED, _RECLAIMED = 1, 2, 3
 _BIG = 1 << 62  # no counter of a ring in use comes near
 #: Most slots (live reservations) a shared ring may have.
@@ -188,7 +188,15 @@ class SharedRing(HostRing):
         return start + nbytes
 
     def _oldest(self, tail: int, count: int) -> int:
-        return self._slot(tail)[0] if tail < count else self._shared_head(count)
+        """The first byte not released: of the oldest live reservation (past the bytes its producer
+        released at its front), or the head."""
+        if tail == count:
+            return self._shared_head(count)
+        start, nbytes, *_ = self._slot(tail)
+        freed = self._words[self._table_at + (tail % self._slots) * _SLOT_WORDS + _S_FREED]
+        if not 0 <= freed < nbytes:
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {tail} has {freed} of {nbytes} B freed")
+        return start + freed
 
     def _advance_tail(self) -> None:  # the segment locked
         tail, count = self._window()
@@ -231,10 +239,9 @@ class SharedRing(HostRing):
         with self._lock, self._segment.locked():
             tail, count = self._window()
             oldest = self._oldest(tail, count)
-            record = self._records.get(oldest) if tail < count else None
+            record = self._record_at(oldest, oldest + 1) if tail < count else None
             if record is not None:  # the oldest is this process's: its first byte not released
-                i = bisect_left(self._ends, record.start + 1)
-                return max(record.start, self._starts[i]) if i < len(self._starts) else record.end
+                return max(oldest, self._first_unreleased(record))
             return oldest
 
     def reserve(self, nbytes: int, *, timeout: float | None = 0.0) -> HostRange:
@@ -279,8 +286,8 @@ class SharedRing(HostRing):
             return None
         base = self._table_at + (count % self._slots) * _SLOT_WORDS
         pid, pstart = me
-        self._words[base : base + 7] = memoryview(
-            array("q", [start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED])
+        self._words[base : base + _SLOT_WORDS] = memoryview(
+            array("q", [start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED, 0])
         )
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
         self._starts.append(start)
@@ -417,6 +424,22 @@ class SharedRing(HostRing):
 
     # ------------------------------------------------------------ releases
 
+    def _cut_span(self, start: int, end: int) -> None:  # the lock held
+        super()._cut_span(start, end)
+        record = self._record_at(start, end)
+        if record is not None and record.seq < 0 and record.start < self._first_unreleased(record):
+            # A producer's own reservation, released at its front: those bytes are free for the
+            # ring (one word, only growing). A taken record's stay held (RING-5).
+            with self._segment.locked():
+                self._slot(record.slot)
+                base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
+                self._words[base + _S_FREED] = self._first_unreleased(record) - record.start
+                self._bump(_H_RELEASES)
+
+    def _first_unreleased(self, record: _Record) -> int:
+        i = bisect_left(self._ends, record.start + 1)
+        return max(record.start, self._starts[i]) if i < len(self._starts) else record.end
+
     def _record_released(self, record: _Record) -> None:  # the lock held
         if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
             return  # a fenced consumer's release changes nothing: the record is delivered again
@@ -448,13 +471,40 @@ class SharedRing(HostRing):
             self._check_fence()
         super().check_dest(r)
 
+    def _check_live(self, r: HostRange, rule: str) -> None:  # the lock held
+        try:
+            super()._check_live(r, rule)
+        except RangeError:
+            owner = self._holder(r)
+            if owner is not None:
+                raise RangeError("RING-4", f"host bytes {_fmt(r)} are {owner}, not this process's") from None
+            raise
+
+    def _holder(self, r: HostRange) -> str | None:
+        """Whose the live reservation holding `r`'s first byte is, when this process has none."""
+        if self._closed:
+            return None
+        with self._segment.locked():
+            tail, count = self._window()
+            for index in range(tail, count):
+                start, nbytes, _, _, seq, state = self._slot(index)
+                if state == _RESERVED and start <= r.start < start + nbytes:
+                    if start in self._records:
+                        return None  # this process's: the local check said what is wrong
+                    if not self._committed_seq(index, seq):
+                        return "another process's reservation"
+                    taken = seq < self._words[_H_TAKE_SEQ]
+                    return "a record the consumer took" if taken else "a committed record, not taken yet"
+        return None
+
     def released(self, r: HostRange) -> bool:
         with self._lock:
             self._check_ring(r)
             with self._segment.locked():
                 tail, count = self._window()
                 if r.end > self._shared_head(count):
-                    raise RangeError("RING-1", f"host bytes {_fmt(r)} were never reserved")
+                    head = self._shared_head(count)
+                    raise RangeError("RING-1", f"host bytes {_fmt(r)} were never reserved (head is {head})")
                 for index in range(tail, count):
                     start, nbytes, _, _, _, state = self._slot(index)
                     if start >= r.end:
@@ -462,7 +512,10 @@ class SharedRing(HostRing):
                     if state == _RESERVED and start + nbytes > r.start:
                         if start not in self._records:
                             return False  # another process's, or committed and not taken
-                        return super().released(r)
+                        if self._any_unreleased(
+                            HostRange._made(self, max(r.start, start), min(r.end, start + nbytes) - max(r.start, start))
+                        ):
+                            return False
                 return True
 
     def reclaim(self) -> int:

@@ -1,0 +1,320 @@
+"""Records through a ring (RING-4, RING-5), in one process and across processes in shared memory,
+the fence of a replaced consumer (GEN-2), dead producers' reservations (RING-6), and the
+segment as a boundary (SHM-1)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import ring_procs
+import test_ring
+from rules import refused
+
+from devbridge import (
+    Bridge,
+    DeviceRange,
+    HostRange,
+    HostRing,
+    ObjectSpec,
+    RingCorruptError,
+    StaleHandleError,
+    WaitTimeoutError,
+)
+from devbridge.segment import SHM_DIR
+from devbridge.testing import FakeBackend
+
+SPAWN = multiprocessing.get_context("spawn")
+_made = iter(range(1 << 30))
+
+
+def ring_name() -> str:
+    return f"devbridge-test-{os.getpid()}-{next(_made)}"
+
+
+@pytest.fixture
+def shared() -> Iterator[Callable[..., HostRing]]:
+    """Makes shared rings; unlinks every one at the end (a test that left one fails)."""
+    names: list[str] = []
+
+    def make(capacity: int, **kwargs: int) -> HostRing:
+        names.append(ring_name())
+        return HostRing.create(names[-1], capacity, **kwargs)
+
+    yield make
+    for name in names:
+        path = Path(SHM_DIR, name)
+        if path.exists():
+            path.unlink()
+
+
+@pytest.fixture(params=["in-process", "shared"])
+def ring_of(request: pytest.FixtureRequest, shared: Callable[..., HostRing]) -> Callable[[int], HostRing]:
+    """Either kind of ring: the same methods, the same rules."""
+    return HostRing if request.param == "in-process" else shared
+
+
+def fill(ring: HostRing, data: bytes) -> HostRange:
+    r = ring.reserve(len(data))
+    ring.write(r, data)
+    return r
+
+
+# ---------------------------------------------------------------- one process
+
+
+@pytest.mark.holds("RING-4")
+def test_records_are_taken_in_commit_order_with_their_bytes(ring_of: Callable[[int], HostRing]) -> None:
+    ring = ring_of(64)
+    a, b, c = fill(ring, b"aaaa"), fill(ring, b"bbbbbbbb"), fill(ring, b"cc")
+    assert [ring.commit(c), ring.commit(a), ring.commit(b)] == [0, 1, 2]
+    taken = [ring.take(timeout=1) for _ in range(3)]
+    assert [(r.start, r.nbytes, r.seq, r.redelivered) for r in taken] == [
+        (12, 2, 0, False),
+        (0, 4, 1, False),
+        (4, 8, 2, False),
+    ]
+    assert [bytes(ring.view(r)) for r in taken] == [b"cc", b"aaaa", b"bbbbbbbb"]
+    for r in taken:
+        ring.release(r)
+    assert ring.cursor == ring.head == 14 and ring.unreleased() == []
+    assert ring.generation == 1  # the first take made this ring's first consumer
+
+
+@pytest.mark.rejects("RING-4")
+def test_a_committed_range_is_nobodys_until_taken(ring_of: Callable[[int], HostRing]) -> None:
+    ring = ring_of(64)
+    r, other = fill(ring, b"0123456789"), fill(ring, b"xy")
+    ring.commit(r)
+    before = ring.snapshot()
+    for call in (ring.view, ring.release, ring.commit, ring.check_source, ring.check_dest):
+        with refused("RING-4"):
+            call(r)
+    with refused("RING-4"):
+        ring.write(r, b"9876543210")
+    with refused("RING-4"):
+        ring.commit(other.sub(0, 1))  # a part of a reservation
+    assert ring.snapshot() == before
+    taken = ring.take(timeout=1)
+    assert (taken, bytes(ring.view(taken))) == (r, b"0123456789")
+
+
+@pytest.mark.rejects("RING-4")
+def test_a_committed_range_is_never_copied_before_it_is_taken(ring_of: Callable[[int], HostRing]) -> None:
+    fake = FakeBackend()
+    bridge, ring = Bridge(fake), ring_of(64)
+    handle = bridge.alloc_device(ObjectSpec("x", "uint8"), 8)
+    r = fill(ring, b"abcdefgh")
+    ring.commit(r)
+    calls = len(fake.calls)
+    with refused("RING-4"):
+        bridge.host_to_device(r, DeviceRange(handle, 0, 8))
+    with refused("RING-4"):
+        bridge.device_to_host(DeviceRange(handle, 0, 8), r)
+    assert len(fake.calls) == calls
+
+
+@pytest.mark.holds("WAIT-1")
+def test_take_waits_for_a_commit_and_gives_up_at_its_timeout(ring_of: Callable[[int], HostRing]) -> None:
+    ring = ring_of(64)
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeoutError) as info:
+        ring.take(timeout=0.05)
+    assert info.value.rule == "WAIT-1" and time.monotonic() - t0 >= 0.05
+    r = fill(ring, b"late")
+    threading.Timer(0.05, ring.commit, (r,)).start()
+    got = ring.take(timeout=5)
+    assert (got.seq, bytes(ring.view(got))) == (0, b"late")
+
+
+@pytest.mark.holds("RING-5")
+def test_a_new_consumer_gets_what_the_old_one_did_not_release_whole_first(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    old, new = HostRing.attach(ring.name), HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    records = [fill(ring, bytes([65 + i]) * 8) for i in range(4)]
+    for r in records:
+        ring.commit(r)
+    assert old.consume() == 1
+    first, second, third = old.take(timeout=1), old.take(timeout=1), old.take(timeout=1)
+    old.release(second)  # done with
+    old.release(first.sub(0, 4))  # half done: the record's bytes stay held
+    assert new.consume() == 2
+    again = [new.take(timeout=1) for _ in range(3)]
+    assert [(r.seq, r.redelivered) for r in again] == [(0, True), (2, True), (3, False)]
+    assert [bytes(new.view(r)) for r in again] == [b"A" * 8, b"C" * 8, b"D" * 8]  # whole, exact
+    assert (third.start, third.nbytes, third.seq) == (again[1].start, again[1].nbytes, again[1].seq)
+    for r in again:
+        new.release(r)
+    assert ring.cursor == ring.head == 32
+    assert ring.stats()["redelivered"] == 2  # type: ignore[attr-defined]
+    for attached in (old, new):
+        attached.close()
+
+
+@pytest.mark.rejects("RING-5", "GEN-2")
+def test_a_replaced_consumer_is_fenced_and_changes_nothing(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    old, new = HostRing.attach(ring.name), HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    fake = FakeBackend()
+    bridge = Bridge(fake)
+    handle = bridge.alloc_device(ObjectSpec("x", "uint8"), 8)
+    for i in range(2):
+        ring.commit(fill(ring, bytes([48 + i]) * 8))
+    old.consume()
+    held = old.take(timeout=1)
+    new.consume()
+    before, calls = ring.snapshot(), len(fake.calls)
+    with refused("RING-5", StaleHandleError):
+        old.release(held)
+    for call in (old.take, old.consume):
+        with refused("GEN-2"):
+            call()
+    for touch in (old.view, old.check_source, old.check_dest):
+        with refused("GEN-2"):
+            touch(held)
+    with refused("GEN-2"):
+        bridge.host_to_device(held, DeviceRange(handle, 0, 8))
+    with refused("GEN-2"):
+        bridge.device_to_host(DeviceRange(handle, 0, 8), held)
+    assert ring.snapshot() == before and len(fake.calls) == calls
+    assert [(r.seq, r.redelivered) for r in (new.take(timeout=1), new.take(timeout=1))] == [(0, True), (1, False)]
+    old.close()
+    new.close()
+
+
+@pytest.mark.holds("GEN-2")
+def test_a_fenced_consumers_copy_in_flight_releases_nothing(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    old, new = HostRing.attach(ring.name), HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    fake = FakeBackend()
+    bridge = Bridge(fake)
+    handle = bridge.alloc_device(ObjectSpec("x", "uint8"), 8)
+    ring.commit(fill(ring, b"inflight"))
+    old.consume()
+    r = old.take(timeout=1)
+    event = bridge.host_to_device(r, DeviceRange(handle, 0, 8), sync=False)
+    new.consume()
+    fake.complete_all()
+    event.wait(1)
+    again = new.take(timeout=1)  # the old copy's completion released nothing
+    assert (again.seq, again.redelivered, bytes(new.view(again))) == (0, True, b"inflight")
+    new.release(again)
+    assert ring.cursor == ring.head
+    old.close()
+    new.close()
+
+
+# ---------------------------------------------------------------- the ring rules, on a shared ring
+
+_UNCHANGED = [
+    name
+    for name, test in vars(test_ring).items()
+    if name.startswith("test_")
+    and any(
+        m.name in ("holds", "rejects") and set(m.args) & {"RING-1", "RING-2"} for m in getattr(test, "pytestmark", [])
+    )
+    and not any(m.name == "parametrize" for m in getattr(test, "pytestmark", []))
+    and "_wait_for_room" not in (test.__doc__ or "")
+]
+
+
+@pytest.mark.holds("RING-1", "RING-2")
+@pytest.mark.parametrize("name", _UNCHANGED)
+def test_the_ring_tests_pass_unchanged_on_a_shared_ring(
+    name: str, monkeypatch: pytest.MonkeyPatch, shared: Callable[..., HostRing]
+) -> None:
+    """Each RING-1 and RING-2 test of test_ring.py, run as it is with HostRing(capacity) making a
+    ring in shared memory."""
+    monkeypatch.setattr(test_ring, "HostRing", lambda capacity: shared(capacity))
+    getattr(test_ring, name)()
+
+
+def test_the_unchanged_ring_tests_are_the_cursor_and_reservation_tests() -> None:
+    assert len(_UNCHANGED) >= 6 and "test_cursor_is_monotone_and_stops_at_the_first_unreleased_byte" in _UNCHANGED
+
+
+# ---------------------------------------------------------------- dead and live producers
+
+
+@pytest.mark.holds("RING-6")
+def test_a_dead_producers_reservation_is_reclaimed_and_its_commits_delivered(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    committed = fill(ring, b"kept")
+    ring.commit(committed)
+    child = SPAWN.Process(target=ring_procs.reserve_and_die, args=(ring.name, 40, False))  # type: ignore[attr-defined]
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert ring.cursor == 0 and ring.head == 44
+    got = ring.take(timeout=1)  # a dead producer's commits are delivered as usual
+    assert (got.seq, bytes(ring.view(got))) == (0, b"kept")
+    ring.release(got)
+    assert ring.cursor == 4  # behind the dead one's 40 B
+    r = ring.reserve(30, timeout=5)  # waits, finds them, reclaims them
+    assert r.start == 64 and ring.stats()["reclaimed"] == 1  # type: ignore[attr-defined]
+    ring.release(r)
+    assert ring.cursor == ring.head == 94
+
+
+@pytest.mark.rejects("RING-6")
+def test_a_live_producers_reservation_is_never_reclaimed(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    child = SPAWN.Process(target=ring_procs.reserve_and_die, args=(ring.name, 40, True))  # type: ignore[attr-defined]
+    child.start()
+    try:
+        deadline = time.monotonic() + 30
+        while ring.head != 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(child.pid or 0, signal.SIGSTOP)  # stopped, not dead
+        with refused("RING-6"):
+            ring.reserve(40, timeout=0.2)
+        assert ring.reclaim() == 0 and ring.cursor == 0  # type: ignore[attr-defined]
+    finally:
+        child.kill()
+        child.join(30)
+    assert ring.reclaim() == 1 and ring.cursor == ring.head == 40  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the segment is a boundary
+
+
+@pytest.mark.rejects("SHM-1")
+def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_path: Path) -> None:
+    names = [ring_name() for _ in range(4)]
+    paths = [Path(SHM_DIR, n) for n in names]
+    try:
+        paths[0].write_bytes(os.urandom(8192))
+        os.chmod(paths[0], 0o600)  # random bytes: no magic
+        ring = HostRing.create(names[1], 64)
+        ring.close()
+        os.chmod(paths[1], 0o644)  # a ring others could read
+        paths[2].symlink_to(tmp_path)  # a link
+        with open(paths[3], "wb") as f:  # a ring's header, cut short
+            f.write(b"\0" * 16)
+        os.chmod(paths[3], 0o600)
+        for name in names:
+            with refused("SHM-1", RingCorruptError):
+                HostRing.attach(name)
+    finally:
+        for path in paths:
+            if path.exists() or path.is_symlink():
+                path.unlink()
+
+
+def test_a_ring_is_made_readable_and_writable_by_its_user_only(shared: Callable[..., HostRing]) -> None:
+    old = os.umask(0)
+    try:
+        ring = shared(64)
+    finally:
+        os.umask(old)
+    info = os.stat(Path(SHM_DIR, ring.name))  # type: ignore[attr-defined]
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
+    with pytest.raises(Exception, match="exists already"):
+        HostRing.create(ring.name, 64)  # type: ignore[attr-defined]
