@@ -198,11 +198,16 @@ class SharedRing(HostRing):
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {tail} has {freed} of {nbytes} B freed")
         return start + freed
 
-    def _advance_tail(self) -> None:  # the segment locked
+    def _new_tail(self, *released: int) -> int:  # the segment locked
+        """Where the tail moves once the reservations `released` are: past every released one.
+        Reads only (a call checks every word it reads before it writes any)."""
         tail, count = self._window()
-        while tail < count and self._slot(tail)[5] != _RESERVED:
+        while tail < count and (tail in released or self._slot(tail)[5] != _RESERVED):
             tail += 1
-        self._words[_H_TAIL] = tail
+        return tail
+
+    def _set_state(self, index: int, state: int) -> None:
+        self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE] = state
 
     def _bump(self, word: int) -> None:
         """Change a futex word (its low 32 bits) and wake whoever sleeps on it."""
@@ -211,9 +216,12 @@ class SharedRing(HostRing):
 
     # ------------------------------------------------------------ fence
 
-    def _check_fence(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
+
+    def _check_fence(self) -> None:
+        self._check_open()
         if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
             raise StaleHandleError(
                 "GEN-2",
@@ -223,12 +231,14 @@ class SharedRing(HostRing):
 
     @property
     def generation(self) -> int:
+        self._check_open()
         return self._word(_H_GENERATION)
 
     # ------------------------------------------------------------ producers
 
     @property
     def head(self) -> int:
+        self._check_open()
         with self._segment.locked():
             return self._shared_head(self._window()[1])
 
@@ -236,6 +246,7 @@ class SharedRing(HostRing):
     def cursor(self) -> int:
         """Stream offset below which every byte is released (as this process sees its own
         reservations and records: bytes released of one not yet released whole count)."""
+        self._check_open()
         with self._lock, self._segment.locked():
             tail, count = self._window()
             oldest = self._oldest(tail, count)
@@ -245,6 +256,7 @@ class SharedRing(HostRing):
             return oldest
 
     def reserve(self, nbytes: int, *, timeout: float | None = 0.0) -> HostRange:
+        self._check_open()
         n = nbytes if type(nbytes) is int else as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
@@ -272,8 +284,7 @@ class SharedRing(HostRing):
     def _reserve_now(self, n: int, me: tuple[int, int]) -> HostRange | None:  # both locks held
         tail, count = self._window()
         if count - tail == self._slots:
-            self._advance_tail()
-            tail, count = self._window()
+            tail = self._new_tail()
             if count - tail == self._slots:
                 return None  # every slot holds a live reservation
         head = self._shared_head(count)
@@ -289,6 +300,7 @@ class SharedRing(HostRing):
         self._words[base : base + _SLOT_WORDS] = memoryview(
             array("q", [start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED, 0])
         )
+        self._words[_H_TAIL] = tail
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
         self._starts.append(start)
         self._ends.append(start + n)
@@ -344,9 +356,11 @@ class SharedRing(HostRing):
             self._check_fence()
             with self._segment.locked():
                 generation = self._word(_H_GENERATION, 0, _BIG - 1) + 1
+                take_seq, redeliver_until = self._rewind()
                 self._words[_H_GENERATION] = generation  # every older consumer is fenced from here on
                 self._words[_H_CONSUMER_PID], self._words[_H_CONSUMER_START] = this_process()
-                self._rewind()
+                self._words[_H_REDELIVER_UNTIL] = redeliver_until
+                self._words[_H_TAKE_SEQ] = take_seq
                 self._bump(_H_COMMITS)  # a fenced consumer waiting in take() wakes to its GEN-2
             # records this object took as an older generation go back to the ring
             for start in [s for s, rec in self._records.items() if rec.taken]:
@@ -360,20 +374,22 @@ class SharedRing(HostRing):
             self._consumer = self._generation = generation
             return generation
 
-    def _rewind(self) -> None:  # the segment locked
-        """Deliver again every record taken and not released: `take_seq` back to the oldest."""
-        take_seq = self._word(_H_TAKE_SEQ, 0, self._words[_H_NEXT_SEQ])
+    def _rewind(self) -> tuple[int, int]:  # the segment locked
+        """`take_seq` and `redeliver_until` for a new consumer: back to the oldest record taken
+        and not released, so that every such record is delivered again (reads only)."""
+        next_seq = self._word(_H_NEXT_SEQ)
+        take_seq = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
+        until = self._word(_H_REDELIVER_UNTIL, 0, next_seq)
         lowest = take_seq
         tail, count = self._window()
         for index in range(tail, count):
             _, _, _, _, seq, state = self._slot(index)
             if state == _RESERVED and self._committed_seq(index, seq) and seq < lowest:
                 lowest = seq
-        if lowest < take_seq:
-            self._words[_H_REDELIVER_UNTIL] = max(self._word(_H_REDELIVER_UNTIL), take_seq)
-            self._words[_H_TAKE_SEQ] = lowest
+        return lowest, max(until, take_seq) if lowest < take_seq else until
 
     def take(self, timeout: float | None = None) -> HostRange:
+        self._check_open()
         wait = None if timeout is None else as_seconds(timeout, "take's timeout")
         deadline = None if wait is None else time.monotonic() + wait
         while True:
@@ -402,17 +418,19 @@ class SharedRing(HostRing):
         seq = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
         tail, count = self._window()
         while seq < next_seq:
-            index = self._word(self._commits_at + seq % self._slots, tail, count - 1)
-            start, nbytes, _, _, slot_seq, state = self._slot(index)
-            if slot_seq != seq:
-                raise RingCorruptError("SHM-1", f"ring {self.name!r}: record {seq}'s slot holds record {slot_seq}")
+            index = self._word(self._commits_at + seq % self._slots, 0, count - 1)
             seq += 1
+            if index < tail:
+                continue  # released, and the ring's tail passed it (after a rewind)
+            start, nbytes, _, _, slot_seq, state = self._slot(index)
+            if slot_seq != seq - 1:
+                raise RingCorruptError("SHM-1", f"ring {self.name!r}: record {seq - 1}'s slot holds record {slot_seq}")
             if state != _RESERVED:
                 continue  # released by a consumer before the one it was delivered again to
-            redelivered = seq <= self._words[_H_REDELIVER_UNTIL]
+            redelivered = seq <= self._word(_H_REDELIVER_UNTIL, 0, next_seq)
+            counted = self._word(_H_REDELIVERED) + redelivered
             self._words[_H_TAKE_SEQ] = seq  # taken from here on
-            if redelivered:
-                self._words[_H_REDELIVERED] += 1
+            self._words[_H_REDELIVERED] = counted
             record = _Record(start, start + nbytes, seq - 1, index)
             record.taken, record.redelivered = self._consumer or 0, redelivered
             self._records[start] = record
@@ -447,8 +465,9 @@ class SharedRing(HostRing):
             start, *_ = self._slot(record.slot)
             if start != record.start:
                 raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of [{record.start}, ...) holds another")
-            self._words[self._table_at + (record.slot % self._slots) * _SLOT_WORDS + _S_STATE] = _RELEASED
-            self._advance_tail()
+            tail = self._new_tail(record.slot)
+            self._set_state(record.slot, _RELEASED)  # released from here on
+            self._words[_H_TAIL] = tail
             self._bump(_H_RELEASES)
 
     def release(self, r: HostRange) -> None:
@@ -498,6 +517,7 @@ class SharedRing(HostRing):
         return None
 
     def released(self, r: HostRange) -> bool:
+        self._check_open()
         with self._lock:
             self._check_ring(r)
             with self._segment.locked():
@@ -528,21 +548,24 @@ class SharedRing(HostRing):
 
     def _reclaim_dead(self) -> int:  # the segment locked
         tail, count = self._window()
-        found = 0
+        dead = []
         for index in range(tail, count):
             _, _, pid, pstart, seq, state = self._slot(index)
             if state == _RESERVED and not self._committed_seq(index, seq) and not alive(pid, pstart):
-                self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE] = _RECLAIMED
-                self._words[_H_RECLAIMED] += 1
-                found += 1
-        if found:
-            self._advance_tail()
+                dead.append(index)
+        if dead:
+            reclaimed, tail = self._word(_H_RECLAIMED) + len(dead), self._new_tail(*dead)
+            for index in dead:
+                self._set_state(index, _RECLAIMED)  # each reclaimed from here on
+            self._words[_H_RECLAIMED] = reclaimed
+            self._words[_H_TAIL] = tail
             self._bump(_H_RELEASES)
-        return found
+        return len(dead)
 
     def stats(self) -> dict[str, int]:
         """The ring's counters across processes: records committed and taken, the consumer
         generation, records delivered again, reservations reclaimed, live reservations."""
+        self._check_open()
         with self._segment.locked():
             tail, count = self._window()
             return {
@@ -555,6 +578,7 @@ class SharedRing(HostRing):
             }
 
     def snapshot(self) -> tuple[object, ...]:
+        self._check_open()
         with self._segment.locked():
             return (*super().snapshot(), bytes(self._words))
 

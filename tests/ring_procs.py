@@ -51,12 +51,15 @@ def _log(path: str, line: str) -> None:
         os.close(fd)
 
 
-def produce(name: str, producer: int, count: int, largest: int, log: str) -> None:
-    """Reserve, fill and commit `count` records; log "producer index seq nbytes" after each commit."""
+def produce(name: str, producer: int, count: int, largest: int, log: str, until: str = "") -> None:
+    """Reserve, fill and commit `count` records (or until the file `until` exists); log
+    "producer index seq nbytes" after each commit."""
     from devbridge import HostRing
 
     ring = HostRing.attach(name)
     for index in range(count):
+        if until and os.path.exists(until):
+            break
         nbytes = max(size_of(producer, index, largest), 12)
         r = ring.reserve(nbytes, timeout=30)
         ring.write(r, payload(producer, index, nbytes))

@@ -16,14 +16,19 @@ from pathlib import Path
 import pytest
 import ring_procs
 import test_ring
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rules import refused
 
 from devbridge import (
     Bridge,
+    BridgeError,
     DeviceRange,
     HostRange,
     HostRing,
+    InvalidArgumentError,
     ObjectSpec,
+    RangeError,
     RingCorruptError,
     StaleHandleError,
     WaitTimeoutError,
@@ -318,3 +323,131 @@ def test_a_ring_is_made_readable_and_writable_by_its_user_only(shared: Callable[
     assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
     with pytest.raises(Exception, match="exists already"):
         HostRing.create(ring.name, 64)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+def _words_of(name: str) -> memoryview:
+    """The segment's header and tables as 64-bit words, through a mapping of the scribbler's own."""
+    import mmap
+
+    fd = os.open(Path(SHM_DIR, name), os.O_RDWR)
+    try:
+        mapped = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    data = memoryview(mapped)[32:40].cast("q")[0]  # the data's offset, from the header
+    return memoryview(mapped)[:data].cast("q")
+
+
+_OPS: dict[str, Callable[[HostRing, HostRing, HostRange, HostRange], object]] = {
+    "take": lambda ring, consumer, held, open_: consumer.take(timeout=0.01),
+    "release": lambda ring, consumer, held, open_: consumer.release(held),
+    "view": lambda ring, consumer, held, open_: consumer.view(held),
+    "reserve": lambda ring, consumer, held, open_: ring.reserve(24, timeout=0.01),
+    "commit": lambda ring, consumer, held, open_: ring.commit(open_),
+    "release-open": lambda ring, consumer, held, open_: ring.release(open_),
+    "cursor": lambda ring, consumer, held, open_: ring.cursor,
+    "head": lambda ring, consumer, held, open_: ring.head,
+    "released": lambda ring, consumer, held, open_: ring.released(HostRange(ring, 0, 4)),
+    "reclaim": lambda ring, consumer, held, open_: ring.reclaim(),  # type: ignore[attr-defined]
+    "consume": lambda ring, consumer, held, open_: HostRing.attach(ring.name).consume(),  # type: ignore[attr-defined]
+    "stats": lambda ring, consumer, held, open_: ring.stats(),  # type: ignore[attr-defined]
+}
+
+
+@pytest.mark.holds("SHM-1")
+@settings(max_examples=200, deadline=None)
+@given(
+    writes=st.lists(
+        st.tuples(
+            st.integers(0, 32 + 8 + 8 * 8 - 1),  # the header, the commit table, the slot table
+            st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-2, 300)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    ops=st.lists(st.sampled_from(sorted(_OPS)), min_size=1, max_size=8),
+)
+def test_random_words_in_a_live_segment_never_crash_or_hang_a_process(
+    writes: list[tuple[int, int]], ops: list[str]
+) -> None:
+    """Whatever another process writes into the header and the record tables, every call either
+    works or raises a BridgeError, within its timeout; one refused as SHM-1 changes no word."""
+    name = ring_name()
+    ring = HostRing.create(name, 256, records=8)
+    try:
+        consumer = HostRing.attach(name)
+        for i in range(3):
+            ring.commit(fill(ring, bytes([i]) * 16))
+        held = consumer.take(timeout=1)
+        open_ = fill(ring, b"open")
+        words = _words_of(name)
+        for index, value in writes:
+            words[index] = value
+        for op in ops:
+            before = bytes(words)
+            t0 = time.monotonic()
+            try:
+                _OPS[op](ring, consumer, held, open_)
+            except RingCorruptError as e:
+                assert e.rule == "SHM-1" and bytes(words) == before, op
+            except BridgeError:
+                pass
+            assert time.monotonic() - t0 < 5, op
+        words.release()
+    finally:
+        os.unlink(Path(SHM_DIR, name))
+
+
+@pytest.mark.parametrize("bad", [None, 1, b"name", "", "a/b", "../x", ".hidden", "x" * 201, "sp ace", "ünï", object()])
+def test_create_and_attach_refuse_what_is_not_a_segment_name(bad: object) -> None:
+    for call in (lambda: HostRing.create(bad, 64), lambda: HostRing.attach(bad)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+        assert info.value.rule == "ARG-1"
+    assert not any(p.name.startswith(("x" * 201, "ünï")) for p in Path(SHM_DIR).iterdir())
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "64", None, 1 << 41])
+def test_create_refuses_a_bad_capacity_or_record_count_and_makes_nothing(bad: object) -> None:
+    name = ring_name()
+    with pytest.raises(RangeError):
+        HostRing.create(name, bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        HostRing.create(name, 64, records=bad if bad != 1 << 41 else 1 << 21)  # type: ignore[arg-type]
+    assert not Path(SHM_DIR, name).exists()
+
+
+@pytest.mark.parametrize("bad", [None, 1, "r", object(), b"x", 1.0])
+def test_commit_and_take_refuse_any_argument_of_the_wrong_kind(ring_of: Callable[[int], HostRing], bad: object) -> None:
+    ring = ring_of(64)
+    before = ring.snapshot()
+    with pytest.raises(RangeError):
+        ring.commit(bad)  # type: ignore[arg-type]
+    if type(bad) not in (type(None), int, float):  # (those are timeouts)
+        with pytest.raises(InvalidArgumentError):
+            ring.take(timeout=bad)  # type: ignore[arg-type]
+    assert ring.snapshot() == before
+
+
+def test_a_closed_attachment_refuses_every_call_and_others_go_on(shared: Callable[..., HostRing]) -> None:
+    ring = shared(64)
+    other = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    r = fill(other, b"abcd")
+    other.commit(r)
+    other.close()
+    other.close()  # twice: nothing more to do
+    for call in (lambda: other.reserve(4), other.take, other.consume, lambda: other.commit(r)):
+        with pytest.raises(InvalidArgumentError):
+            call()
+    got = ring.take(timeout=1)
+    assert bytes(ring.view(got)) == b"abcd"
+
+
+def test_an_in_process_ring_has_no_name_to_unlink() -> None:
+    ring = HostRing(16)
+    ring.close()  # nothing to detach
+    with pytest.raises(InvalidArgumentError):
+        ring.unlink()

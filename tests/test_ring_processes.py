@@ -1,0 +1,221 @@
+"""A shared ring between real processes (the `spawn` start method: nothing inherited): producers
+and a consumer that share only the ring's name move every record exactly once, through a
+Bridge on each device; SIGKILL at random points of any of them loses and duplicates nothing;
+a consumer stopped while its replacement takes over is fenced when it wakes (RING-5, GEN-2).
+
+Each test bounds its own time: a process that does not finish is a failure that prints the
+ring's state and every log, not a CI timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import pytest
+import ring_procs
+from ring_procs import STOP, read_log
+
+from devbridge import HostRing
+from devbridge.segment import SHM_DIR
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class Run:
+    """One test's ring, processes and logs; `end` checks exactly-once delivery and leaves nothing."""
+
+    def __init__(self, tmp: Path, capacity: int, records: int) -> None:
+        self.name = f"devbridge-procs-{os.getpid()}-{time.monotonic_ns()}"
+        self.ring = HostRing.create(self.name, capacity, records=records)
+        self.tmp = tmp
+        self.produced = tmp / "produced.log"
+        self.consumed = tmp / "consumed.log"
+        self.until = str(tmp / "stop-producing")
+        self.processes: list[BaseProcess] = []
+        self.next_producer = 0
+
+    def start(self, target: object, *args: object) -> BaseProcess:
+        process = SPAWN.Process(target=target, args=args)  # type: ignore[arg-type]
+        process.start()
+        self.processes.append(process)
+        return process
+
+    def producer(self, count: int, largest: int, until: bool = False) -> BaseProcess:
+        self.next_producer += 1
+        return self.start(
+            ring_procs.produce,
+            self.name,
+            self.next_producer,
+            count,
+            largest,
+            str(self.produced),
+            self.until if until else "",
+        )
+
+    def consumer(self, device: str = "none") -> BaseProcess:
+        return self.start(ring_procs.consume, self.name, str(self.consumed), device)
+
+    def state(self) -> str:
+        stats = self.ring.stats()  # type: ignore[attr-defined]
+        alive = [(p.pid, p.exitcode) for p in self.processes if p.exitcode is None]
+        logs = "\n".join(" ".join(line) for line in read_log(self.consumed)[-20:])
+        where = f"cursor {self.ring.cursor}, head {self.ring.head}"
+        return f"ring {stats}, {where}; running {alive}\nlast consumed:\n{logs}"
+
+    def join(self, process: BaseProcess, timeout: float) -> None:
+        process.join(timeout)
+        assert process.exitcode is not None, f"process {process.pid} still runs after {timeout} s\n{self.state()}"
+
+    def lines_since(self, path: Path, count: int, kind: str | None, timeout: float) -> bool:
+        """Wait (polling every 2 ms) until `path` has more than `count` lines (of `kind`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = [x for x in read_log(path) if kind is None or x[0] == kind]
+            if len(lines) > count:
+                return True
+            time.sleep(0.002)
+        return False
+
+    def finish(self, consumer: BaseProcess) -> None:
+        """Stop the producers, send the STOP record, and wait for everything to end."""
+        Path(self.until).touch()
+        for process in self.processes:
+            if process is not consumer:
+                self.join(process, 30)
+        ring_procs.stop(self.name)
+        self.join(consumer, 60)
+
+    def check(self) -> dict[str, int]:
+        """Every committed record delivered, each once to the consumer that first took it (again
+        only as `redelivered`), every byte exact; the cursor at the head."""
+        produced = {(int(p), int(i)): int(seq) for p, i, seq, _ in read_log(self.produced)}
+        delivered: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        for line in read_log(self.consumed):
+            if line[0] == "D":
+                seq, p, i, again, ok, _ = map(int, line[1:])
+                assert ok == 1, f"record {seq} ({p}, {i}) arrived with wrong bytes"
+                delivered[seq].append((p, i, again))
+        self.ring.reclaim()  # type: ignore[attr-defined]
+        stats = self.ring.stats()  # type: ignore[attr-defined]
+        assert sorted(delivered) == list(range(stats["committed"])), "a committed record was never delivered"
+        for seq, takes in delivered.items():
+            assert len({(p, i) for p, i, _ in takes}) == 1, f"record {seq} was two records: {takes}"
+            assert sum(1 for *_, again in takes if not again) <= 1, f"record {seq} delivered twice: {takes}"
+        for key, seq in produced.items():
+            assert delivered[seq][0][:2] == key, f"record {seq} was committed as {key}, delivered as {delivered[seq]}"
+        last = max(delivered)
+        assert delivered[last][0][0] == STOP
+        assert self.ring.cursor == self.ring.head and stats["live"] == 0, self.state()
+        return {**stats, "delivered": len(delivered), "takes": sum(map(len, delivered.values()))}
+
+    def end(self) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                process.kill()
+                process.join(10)
+        self.ring.close()
+        path = Path(SHM_DIR, self.name)
+        if path.exists():
+            HostRing.attach(self.name).unlink()
+        assert not path.exists()
+        assert all(p.exitcode is not None for p in self.processes)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Run]:
+    made: list[Run] = []
+
+    def make(capacity: int = 64 << 10, records: int = 256) -> Run:
+        made.append(Run(tmp_path, capacity, records))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for r in made:
+        r.end()
+
+
+@pytest.mark.holds("RING-4", "RING-5")
+@pytest.mark.parametrize("device", ["fake", "CPU", "CL"])
+def test_a_producer_and_a_consumer_process_move_10000_records_exactly(run: object, device: str) -> None:
+    ring: Run = run(256 << 10, 1024)  # type: ignore[operator]
+    consumer = ring.consumer(device)
+    for _ in range(2):
+        ring.producer(5000, 4096)
+    ring.finish(consumer)
+    stats = ring.check()
+    assert (stats["delivered"], stats["takes"], stats["redelivered"], stats["generation"]) == (10001, 10001, 0, 1)
+
+
+def _kill_at_random(ring: Run, rng: random.Random, process: BaseProcess, log: Path, kind: str | None) -> None:
+    """SIGKILL `process` at a random point after it made progress (not while it starts up)."""
+    seen = len([x for x in read_log(log) if kind is None or x[0] == kind])
+    ring.lines_since(log, seen, kind, 10)
+    time.sleep(rng.uniform(0, 0.01))
+    os.kill(process.pid or 0, signal.SIGKILL)
+    ring.join(process, 10)
+
+
+@pytest.mark.holds("RING-5", "RING-6")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kill_9_at_random_points_loses_and_duplicates_nothing(run: object, seed: int) -> None:
+    """100 SIGKILLs per run, each of the consumer or of a producer, at a random point of its loop;
+    each dead one is replaced (a new consumer takes over; a new producer adds records)."""
+    ring: Run = run(16 << 10, 64)  # type: ignore[operator]
+    rng = random.Random(seed)
+    deadline = time.monotonic() + 50
+    consumer = ring.consumer()
+    producers = [ring.producer(1 << 30, 2048, until=True) for _ in range(2)]
+    kills = {"consumer": 0, "producer": 0}
+    while sum(kills.values()) < 100:
+        assert time.monotonic() < deadline, f"100 kills did not fit in 50 s ({kills})\n{ring.state()}"
+        if rng.random() < 0.5:
+            _kill_at_random(ring, rng, consumer, ring.consumed, "D")
+            kills["consumer"] += 1
+            consumer = ring.consumer()
+        else:
+            victim = producers.pop(rng.randrange(len(producers)))
+            _kill_at_random(ring, rng, victim, ring.produced, None)
+            kills["producer"] += 1
+            producers.append(ring.producer(1 << 30, 2048, until=True))
+    ring.finish(consumer)
+    stats = ring.check()
+    assert stats["generation"] == kills["consumer"] + 1 and min(kills.values()) >= 30, (kills, stats)
+    assert stats["delivered"] > 200 and stats["redelivered"] > 0 and stats["reclaimed"] > 0, stats
+
+
+@pytest.mark.holds("RING-5", "GEN-2")
+def test_a_stopped_consumer_that_wakes_after_its_replacement_changes_nothing(run: object) -> None:
+    """SIGSTOP the consumer at a random point, start its replacement, SIGCONT the old one: its next
+    call is refused (GEN-2) and it exits; what it held is delivered again. (Stopped while it held
+    the ring's lock, it holds up the replacement until it is continued: then it finishes that one
+    call, made before the replacement came, and is fenced at its next.)"""
+    ring: Run = run(16 << 10, 64)  # type: ignore[operator]
+    rng = random.Random(3)
+    consumer = ring.consumer()
+    ring.producer(1 << 30, 2048, until=True)
+    stopped: list[BaseProcess] = []
+    for _ in range(10):
+        seen = len([x for x in read_log(ring.consumed) if x[0] == "D"])
+        assert ring.lines_since(ring.consumed, seen, "D", 10), ring.state()
+        time.sleep(rng.uniform(0, 0.01))
+        os.kill(consumer.pid or 0, signal.SIGSTOP)
+        starts = len([x for x in read_log(ring.consumed) if x[0] == "S"])
+        replacement = ring.consumer()
+        ring.lines_since(ring.consumed, starts, "S", 5)  # not when the old one holds the lock
+        os.kill(consumer.pid or 0, signal.SIGCONT)
+        ring.join(consumer, 10)
+        assert consumer.exitcode == 3, f"the old consumer ended with {consumer.exitcode}\n{ring.state()}"
+        stopped.append(consumer)
+        consumer = replacement
+    ring.finish(consumer)
+    fenced = [x for x in read_log(ring.consumed) if x[0] == "F"]
+    assert [(int(g), rule) for _, g, rule in fenced] == [(g, "GEN-2") for g in range(1, 11)]
+    stats = ring.check()
+    assert stats["generation"] == 11
