@@ -78,6 +78,7 @@ class SharedRing(HostRing):
         words = memoryview(segment.map)
         self._words = words[:data].cast("q")
         self._closed = False
+        self.process: tuple[int, int] | None = None  # who this attachment is (None: this process)
         self._setup(capacity, words[data : data + capacity])
         self.name = os.path.basename(segment.path)
 
@@ -216,6 +217,10 @@ class SharedRing(HostRing):
 
     # ------------------------------------------------------------ fence
 
+    def _me(self) -> tuple[int, int]:
+        """The pid and start time this attachment's reservations are owned by."""
+        return self.process or this_process()
+
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
@@ -264,7 +269,7 @@ class SharedRing(HostRing):
         if n > self.capacity:
             raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
         deadline = None if wait is None else time.monotonic() + wait
-        me = this_process()
+        me = self._me()
         while True:
             seen = self._words[_H_RELEASES] & 0xFFFFFFFF
             with self._lock:
@@ -358,7 +363,7 @@ class SharedRing(HostRing):
                 generation = self._word(_H_GENERATION, 0, _BIG - 1) + 1
                 take_seq, redeliver_until = self._rewind()
                 self._words[_H_GENERATION] = generation  # every older consumer is fenced from here on
-                self._words[_H_CONSUMER_PID], self._words[_H_CONSUMER_START] = this_process()
+                self._words[_H_CONSUMER_PID], self._words[_H_CONSUMER_START] = self._me()
                 self._words[_H_REDELIVER_UNTIL] = redeliver_until
                 self._words[_H_TAKE_SEQ] = take_seq
                 self._bump(_H_COMMITS)  # a fenced consumer waiting in take() wakes to its GEN-2

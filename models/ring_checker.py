@@ -1,0 +1,546 @@
+"""A bounded model checker of the shared ring's protocol, run over the real SharedRing.
+
+Actors: producers, each its own attachment (a process); consumers, one attachment each: a restart
+attaches a new one and calls `consume()`, and the consumer it replaces stays alive, fenced, and
+keeps calling. Every action is a call of the real implementation. A crash is the same call dying
+just before its k-th word write into the segment, for every k, as a SIGKILL there would: the
+writes before it stay, its lock comes back (the kernel drops a dead holder's flock), and its
+identity is dead from then on (`alive`). Beside the ring runs the reference: which records are
+committed, taken by which generation, released.
+
+Checked at every step, each breach named by the rule it breaks:
+- RING-4: commits are numbered 0, 1, 2, ...; `take` returns the lowest committed record that is
+  neither released nor held by the live consumer.
+- RING-5: `r.redelivered` exactly for records an earlier consumer took; a record's bytes whole
+  when delivered again; a live consumer finding nothing while a record is due is a loss; at the
+  end of every path a drain by the live consumer (or a new one) gets every record due, exactly.
+- RING-6: no committed record is ever reclaimed; after the drain and a reclaim, the cursor
+  reaches the head (nothing stays stuck: no deadlock).
+- RING-1: the cursor is monotone along a path and never passes a live reservation.
+- GEN-2: a fenced consumer's call raises StaleHandleError and changes no word of the segment.
+
+States are told apart by the segment's words (futex counters aside) and the actors' and the
+reference's states; each is reached by replaying its path on a fresh segment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from devbridge import shared_ring
+from devbridge.errors import BridgeError, StaleHandleError, WaitTimeoutError
+from devbridge.ring import HostRange, HostRing
+from devbridge.segment import SHM_DIR
+from devbridge.shared_ring import SharedRing
+
+Action = tuple[Any, ...]
+SIZE = 8  # bytes per record
+
+
+class Crash(BaseException):
+    """The process making a call dies here (a BaseException: no `except Exception` catches it)."""
+
+
+class _Words:
+    """A segment's words that count the writes made through them and die at the `crash_at`-th."""
+
+    def __init__(self, words: memoryview) -> None:
+        self.words = words
+        self.writes = 0
+        self.crash_at: int | None = None
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.words[i]
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        if self.crash_at is not None and self.writes == self.crash_at:
+            raise Crash
+        self.writes += 1
+        self.words[i] = value
+
+    def release(self) -> None:
+        self.words.release()
+
+
+@dataclass(frozen=True)
+class RingBound:
+    """What a check explores: every interleaving and crash point within these limits."""
+
+    producers: int = 2
+    records: int = 2  # reservations per producer
+    restarts: int = 1  # consumers that replace the first one
+    crashes: int = 2  # deaths along one path
+    depth: int = 7  # actions per path
+    capacity: int = 32  # ring bytes: small enough to wrap
+    slots: int = 4  # live reservations at once
+
+    def __post_init__(self) -> None:
+        if min(self.producers, self.records, self.depth, self.slots) < 1 or min(self.restarts, self.crashes) < 0:
+            raise ValueError(f"a ring bound's limits are counts: {self}")
+        if self.capacity < SIZE:
+            raise ValueError(f"the ring must hold a record of {SIZE} B: {self}")
+
+
+#: Named bounds: `ci` is the one the test suite runs.
+RING_PROFILES = {"ci": RingBound(), "small": RingBound(producers=1, records=2, restarts=1, crashes=1, depth=5)}
+
+
+@dataclass
+class RingViolation:
+    rule: str
+    message: str
+    path: tuple[Action, ...]
+
+    def __str__(self) -> str:
+        steps = "\n".join(f"  {i}. {a}" for i, a in enumerate(self.path, 1))
+        return f"{self.rule}: {self.message}\nafter:\n{steps}"
+
+
+@dataclass
+class RingResult:
+    states: int
+    paths: int
+    seconds: float
+    violation: RingViolation | None = None
+    actions: set[str] = field(default_factory=set)
+
+
+class _Broken(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+def _pattern(producer: int, index: int) -> bytes:
+    return bytes([producer * 16 + index]) * SIZE
+
+
+class _World:
+    """One path's ring, actors and reference, built by applying actions in order."""
+
+    def __init__(self, bound: RingBound) -> None:
+        self.bound = bound
+        self.name = f"devbridge-ring-check-{os.getpid()}-{next(_names)}"
+        self.ring = HostRing.create(self.name, bound.capacity, records=bound.slots)
+        assert isinstance(self.ring, SharedRing)
+        self.producers: list[SharedRing | None] = []
+        self.reserved: list[HostRange | None] = []
+        self.made = [0] * bound.producers
+        for p in range(bound.producers):
+            self.producers.append(self._attach(p))
+            self.reserved.append(None)
+        self.consumers: list[SharedRing | None] = []
+        self.held: list[dict[int, HostRange]] = []
+        self.live: int | None = None  # the consumer of the newest generation, while it lives
+        self.generation = 0
+        # the reference
+        self.committed: dict[int, tuple[int, int, int]] = {}  # seq -> (producer, index, start)
+        self.taken_ever: set[int] = set()
+        self.released: set[int] = set()
+        self.crashes = 0
+        self.cursor = 0
+        self._new_consumer(crash_at=None)
+
+    def close(self) -> None:
+        for attached in [self.ring, *self.producers, *self.consumers]:
+            if attached is not None:
+                _bury(attached)
+        os.unlink(os.path.join(SHM_DIR, self.name))
+
+    def _attach(self, who: int) -> SharedRing:
+        attached = HostRing.attach(self.name)
+        assert isinstance(attached, SharedRing)
+        attached.process = (_FAKE_PID + who, 1)
+        attached._words = _Words(attached._words)  # type: ignore[assignment]
+        return attached
+
+    def _words(self) -> bytes:
+        words = self.ring._words
+        raw = bytearray(words.cast("B"))  # the futex counters change on every wake: not state
+        for i in (shared_ring._H_COMMITS, shared_ring._H_RELEASES):
+            raw[i * 8 : i * 8 + 8] = bytes(8)
+        return bytes(raw)
+
+    # ------------------------------------------------------------ what may happen next
+
+    def actions(self) -> Iterator[Action]:
+        b = self.bound
+        for p, attached in enumerate(self.producers):
+            if attached is None:
+                continue
+            if self.reserved[p] is None and self.made[p] < b.records:
+                yield ("reserve", p)
+            if self.reserved[p] is not None:
+                yield ("commit", p)
+        for c, attached in enumerate(self.consumers):
+            if attached is None:
+                continue
+            yield ("take", c)
+            for seq in sorted(self.held[c]):
+                yield ("release", c, seq)
+        if len(self.consumers) <= b.restarts:
+            yield ("consume",)
+        if any(p is None and r is not None for p, r in zip(self.producers, self.reserved, strict=True)):
+            yield ("reclaim",)
+
+    # ------------------------------------------------------------ doing it
+
+    def apply(self, action: Action, crash_at: int | None = None) -> None:
+        kind = action[0]
+        self.last_writes = 0
+        if crash_at is not None:
+            self.crashes += 1
+        if kind == "reserve":
+            self._reserve(action[1], crash_at)
+        elif kind == "commit":
+            self._commit(action[1], crash_at)
+        elif kind == "take":
+            self._take(action[1], crash_at)
+        elif kind == "release":
+            self._release(action[1], action[2], crash_at)
+        elif kind == "consume":
+            self._new_consumer(crash_at)
+        elif kind == "reclaim":
+            self.ring.reclaim()  # type: ignore[attr-defined]
+        self._check_state(kind)
+
+    @contextmanager
+    def _call(self, attached: SharedRing, crash_at: int | None) -> Iterator[None]:
+        words = attached._words
+        assert isinstance(words, _Words)
+        words.writes, words.crash_at = 0, crash_at
+        try:
+            yield
+            if crash_at is not None and crash_at == words.writes:
+                raise Crash  # after its last write, before it returned
+        finally:
+            self.last_writes = words.writes
+            words.crash_at = None
+
+    def _reserve(self, p: int, crash_at: int | None) -> None:
+        attached = self.producers[p]
+        assert attached is not None
+        try:
+            with self._call(attached, crash_at):
+                r = attached.reserve(SIZE)
+        except Crash:
+            self._producer_died(p)
+            return
+        except BridgeError:
+            return  # full: nothing reserved
+        attached.write(r, _pattern(p, self.made[p]))
+        self.reserved[p] = r
+
+    def _commit(self, p: int, crash_at: int | None) -> None:
+        attached, r = self.producers[p], self.reserved[p]
+        assert attached is not None and r is not None
+        before = self.ring._words[shared_ring._H_NEXT_SEQ]
+        try:
+            with self._call(attached, crash_at):
+                seq = attached.commit(r)
+        except Crash:
+            self._producer_died(p)
+            if self.ring._words[shared_ring._H_NEXT_SEQ] != before:  # it died after the commit point
+                self.committed[before] = (p, self.made[p], r.start)
+                self.reserved[p] = None
+            return
+        if seq != len(self.committed):
+            raise _Broken("RING-4", f"commit number {len(self.committed)} got sequence number {seq}")
+        self.committed[seq] = (p, self.made[p], r.start)
+        self.made[p] += 1
+        self.reserved[p] = None
+
+    def _due(self) -> list[int]:
+        """The records the live consumer's next take must give, in order (the reference)."""
+        held = set(self.held[self.live]) if self.live is not None else set()
+        return sorted(s for s in self.committed if s not in self.released and s not in held)
+
+    def _take(self, c: int, crash_at: int | None) -> None:
+        attached = self.consumers[c]
+        assert attached is not None
+        fenced = c != self.live
+        before = self._words()
+        take_seq = self.ring._words[shared_ring._H_TAKE_SEQ]
+        due = self._due()
+        try:
+            with self._call(attached, crash_at):
+                r = attached.take(timeout=0)
+        except Crash:
+            self._consumer_died(c)
+            if self.ring._words[shared_ring._H_TAKE_SEQ] > take_seq and due and not fenced:
+                self.taken_ever.add(due[0])  # it died after the take point
+            return
+        except StaleHandleError as e:
+            if not fenced or e.rule != "GEN-2":
+                raise _Broken("GEN-2", f"the live consumer's take was refused: {e}") from e
+            if self._words() != before:
+                raise _Broken("GEN-2", "a fenced consumer's refused take changed the segment") from e
+            return
+        except WaitTimeoutError:
+            if fenced:
+                raise _Broken("GEN-2", "a fenced consumer's take was not refused") from None
+            if self._due():
+                raise _Broken("RING-5", f"the live consumer found nothing while {self._due()} are due") from None
+            return
+        if fenced:
+            raise _Broken("GEN-2", f"a fenced consumer took record {r.seq}")
+        due = self._due()
+        if not due or r.seq != due[0]:
+            raise _Broken("RING-4", f"take gave record {r.seq}; the next due is {due[:1]}")
+        if r.redelivered != (r.seq in self.taken_ever):
+            raise _Broken("RING-5", f"record {r.seq} came with redelivered={r.redelivered}")
+        if bytes(attached.view(r)) != _pattern(*self.committed[r.seq][:2]):
+            raise _Broken("RING-5", f"record {r.seq} came with other bytes")
+        self.taken_ever.add(r.seq)
+        self.held[c][r.seq] = r
+
+    def _release(self, c: int, seq: int, crash_at: int | None) -> None:
+        attached = self.consumers[c]
+        assert attached is not None
+        r = self.held[c][seq]
+        fenced = c != self.live
+        before = self._words()
+        try:
+            with self._call(attached, crash_at):
+                attached.release(r)
+        except Crash:
+            self._consumer_died(c)
+            if not fenced and self._slot_state(r.start) != shared_ring._RESERVED:
+                self.released.add(seq)  # it died after the release point
+            return
+        except StaleHandleError as e:
+            if not fenced or e.rule != "GEN-2":
+                raise _Broken("GEN-2", f"the live consumer's release was refused: {e}") from e
+            if self._words() != before:
+                raise _Broken("GEN-2", "a fenced consumer's refused release changed the segment") from e
+            return
+        if fenced:
+            raise _Broken("GEN-2", f"a fenced consumer's release of record {seq} was accepted")
+        if seq in self.released:
+            raise _Broken("RING-5", f"record {seq} was released twice")
+        self.released.add(seq)
+        del self.held[c][seq]
+
+    def _new_consumer(self, crash_at: int | None) -> None:
+        c = len(self.consumers)
+        attached = self._attach(self.bound.producers + c)
+        self.consumers.append(attached)
+        self.held.append({})
+        before = self.ring._words[shared_ring._H_GENERATION]
+        try:
+            with self._call(attached, crash_at):
+                generation = attached.consume()
+        except Crash:
+            self._consumer_died(c)
+            if self.ring._words[shared_ring._H_GENERATION] != before:
+                self.live = None  # a generation began; its consumer is dead
+                self.generation = before + 1
+            return
+        if generation != self.generation + 1:
+            raise _Broken("RING-5", f"consume() gave generation {generation} after {self.generation}")
+        self.generation, self.live = generation, c
+
+    def _producer_died(self, p: int) -> None:
+        attached = self.producers[p]
+        assert attached is not None
+        _bury(attached)
+        self.producers[p] = None
+
+    def _consumer_died(self, c: int) -> None:
+        attached = self.consumers[c]
+        assert attached is not None
+        _bury(attached)
+        self.consumers[c] = None
+        self.held[c] = {}
+        if self.live == c:
+            self.live = None
+
+    def _slot_state(self, start: int) -> int | None:
+        ring = self.ring
+        tail, count = ring._window()
+        for index in range(tail, count):
+            s, _, _, _, _, state = ring._slot(index)
+            if s == start:
+                return state
+        return None
+
+    # ------------------------------------------------------------ invariants
+
+    def _check_state(self, kind: str = "") -> None:
+        ring = self.ring
+        for seq, (_, _, start) in self.committed.items():
+            if seq not in self.released and (state := self._slot_state(start)) != shared_ring._RESERVED:
+                rule = "RING-6" if state == shared_ring._RECLAIMED or kind == "reclaim" else "RING-5"
+                raise _Broken(rule, f"committed record {seq}, not released, left the ring by {kind or 'the drain'}")
+        tail, count = ring._window()
+        cursor = ring._oldest(tail, count)
+        if cursor < self.cursor:
+            raise _Broken("RING-1", f"the cursor went back from {self.cursor} to {cursor}")
+        self.cursor = cursor
+        for index in range(tail, count):
+            start, _, _, _, seq, state = ring._slot(index)
+            if state == shared_ring._RESERVED and start < cursor:
+                raise _Broken("RING-1", f"the cursor {cursor} passed the live reservation at {start}")
+            if state == shared_ring._RECLAIMED and ring._committed_seq(index, seq):
+                raise _Broken("RING-6", f"committed record {seq} was reclaimed")
+
+    def drain(self) -> None:
+        """The end of a path: the live consumer (or a new one) gets every record due, exactly;
+        dead producers' reservations are reclaimed; the cursor reaches the head."""
+        if self.live is None:
+            self.consumers.append(self._attach(self.bound.producers + len(self.consumers)))
+            self.held.append({})
+            self.live = len(self.consumers) - 1
+            consumer = self.consumers[-1]
+            assert consumer is not None
+            self.generation = consumer.consume()
+        c = self.live
+        for seq in sorted(self.held[c]):
+            self._release(c, seq, None)
+        while self._due():
+            self._take(c, None)
+            for seq in sorted(self.held[c]):
+                self._release(c, seq, None)
+        self._take(c, None)  # nothing more: a timeout
+        for p, attached in enumerate(self.producers):
+            r = self.reserved[p]
+            if attached is not None and r is not None:
+                attached.release(r)
+        self.ring.reclaim()  # type: ignore[attr-defined]
+        self._check_state()
+        if self.ring.cursor != self.ring.head:
+            raise _Broken("RING-6", f"after the drain the cursor stays at {self.ring.cursor}, head {self.ring.head}")
+
+
+def _bury(attached: SharedRing) -> None:
+    """A process's end: its attachment's mapping and file go (and with the file its lock)."""
+    if isinstance(attached._words, _Words):
+        attached._words = attached._words.words
+    attached.close()
+
+
+_FAKE_PID = 1 << 30  # identities no process has
+_names = itertools.count()
+
+
+def _dead(world: _World) -> set[tuple[int, int]]:
+    n = world.bound.producers
+    dead = {(_FAKE_PID + p, 1) for p, a in enumerate(world.producers) if a is None}
+    return dead | {(_FAKE_PID + n + c, 1) for c, a in enumerate(world.consumers) if a is None}
+
+
+def _key(world: _World) -> tuple[object, ...]:
+    return (
+        world._words(),
+        tuple(
+            (a is None, r.start if r else None, m)
+            for a, r, m in zip(world.producers, world.reserved, world.made, strict=True)
+        ),
+        tuple((a is None, tuple(sorted(h))) for a, h in zip(world.consumers, world.held, strict=True)),
+        world.live,
+        tuple(sorted(world.committed.items())),
+        frozenset(world.released),
+        frozenset(world.taken_ever),
+        world.crashes,
+        world.cursor,
+    )
+
+
+Step = tuple[Action, int | None]
+
+
+def _replay(bound: RingBound, path: tuple[Step, ...]) -> _World:
+    world = _World(bound)
+    try:
+        for action, crash_at in path:
+            world.apply(action, crash_at)
+    except BaseException:
+        world.close()
+        raise
+    return world
+
+
+@contextmanager
+def _identities(worlds: Callable[[], _World | None]) -> Iterator[None]:
+    """`alive` answers for the checker's fake processes: dead once crashed."""
+    real = shared_ring.alive
+
+    def alive(pid: int, started: int) -> bool:
+        world = worlds()
+        if pid >= _FAKE_PID and world is not None:
+            return (pid, started) not in _dead(world)
+        return real(pid, started)
+
+    shared_ring.alive = alive
+    try:
+        yield
+    finally:
+        shared_ring.alive = real
+
+
+def check_ring(bound: RingBound | None = None) -> RingResult:
+    """Explore every path within `bound` breadth first; the first violation found (a shortest one)."""
+    bound = bound or RING_PROFILES["ci"]
+    t0 = time.perf_counter()
+    current: list[_World | None] = [None]
+    seen: set[tuple[object, ...]] = set()
+    queue: deque[tuple[Step, ...]] = deque([()])
+    result = RingResult(0, 0, 0.0)
+
+    def run(path: tuple[Step, ...], final: bool) -> tuple[_World | None, RingViolation | None]:
+        world: _World | None = None
+        try:
+            world = _World(bound)
+            current[0] = world
+            for action, crash_at in path:
+                world.apply(action, crash_at)
+            if final:
+                world.drain()
+            return world, None
+        except _Broken as e:
+            if world is not None:
+                world.close()
+            return None, RingViolation(e.rule, str(e), tuple(a if c is None else ("crash", c, *a) for a, c in path))
+
+    with _identities(lambda: current[0]):
+        while queue:
+            path = queue.popleft()
+            world, violation = run(path, final=False)
+            if violation is None and world is not None:
+                key = _key(world)
+                if key in seen:
+                    world.close()
+                    continue
+                seen.add(key)
+                result.states += 1
+                actions = list(world.actions()) if len(path) < bound.depth else []
+                crashes_left = world.crashes < bound.crashes
+                world.close()
+                if not actions:
+                    result.paths += 1
+                    done, violation = run(path, final=True)
+                    if done is not None:
+                        done.close()
+                    if violation is not None:
+                        break
+                for action in actions:
+                    result.actions.add(action[0])
+                    queue.append((*path, (action, None)))
+                    if crashes_left and action[0] != "reclaim":
+                        probe, violation = run((*path, (action, None)), final=False)
+                        if probe is not None:
+                            writes = probe.last_writes
+                            probe.close()
+                            queue.extend((*path, (action, k)) for k in range(writes + 1))
+            if violation is not None:
+                result.violation = violation
+                break
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,93 @@
+"""The bounded model checker of the shared ring's protocol (models/ring_checker.py): within the CI
+bound it explores every interleaving of producers, a consumer, its replacement and the fenced
+old one, with a crash before every word write, and finds nothing; each seeded protocol bug is
+caught by the rule it breaks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from devbridge import shared_ring
+from devbridge.models.ring_checker import RING_PROFILES, RingBound, check_ring
+from devbridge.ring import HostRange, HostRing
+from devbridge.shared_ring import SharedRing
+
+
+@pytest.mark.holds("RING-1", "RING-4", "RING-5", "RING-6", "GEN-2")
+def test_the_ring_protocol_holds_with_a_crash_possible_at_every_step() -> None:
+    bound = RING_PROFILES["ci"]
+    assert (bound.producers, bound.restarts, bound.crashes) == (2, 1, 2)
+    result = check_ring(bound)
+    assert result.violation is None, str(result.violation)
+    assert result.states >= 5000 and result.paths > 100
+    assert result.actions == {"reserve", "commit", "take", "release", "consume", "reclaim"}
+
+
+def _skip_one_on_redelivery(self: SharedRing) -> tuple[int, int]:
+    take_seq, until = _ORIGINAL["_rewind"](self)
+    rewound = take_seq < self._words[shared_ring._H_TAKE_SEQ]
+    return (take_seq + 1, until) if rewound else (take_seq, until)
+
+
+def _reclaim_committed_too(self: SharedRing) -> int:
+    tail, count = self._window()
+    dead = [
+        i
+        for i in range(tail, count)
+        if self._slot(i)[5] == shared_ring._RESERVED and not shared_ring.alive(*self._slot(i)[2:4])
+    ]
+    if dead:
+        tail = self._new_tail(*dead)
+        for index in dead:
+            self._set_state(index, shared_ring._RECLAIMED)
+        self._words[shared_ring._H_TAIL] = tail
+    return len(dead)
+
+
+def _release_fenced_too(self: SharedRing, r: HostRange) -> None:
+    consumer, self._consumer = self._consumer, None
+    try:
+        HostRing.release(self, r)
+    finally:
+        self._consumer = consumer
+
+
+_ORIGINAL: dict[str, Callable[..., Any]] = {"_rewind": SharedRing._rewind}
+SEEDED = {
+    "a redelivery that skips a record": ({"_rewind": _skip_one_on_redelivery}, "RING-5"),
+    "a reclaim of a committed range": ({"_reclaim_dead": _reclaim_committed_too}, "RING-6"),
+    "a fenced consumer's release accepted": ({"release": _release_fenced_too}, "GEN-2"),
+}
+
+
+@contextmanager
+def seeded(patches: dict[str, Callable[..., Any]]) -> Iterator[None]:
+    saved = {name: vars(SharedRing)[name] for name in patches}
+    for name, bug in patches.items():
+        setattr(SharedRing, name, bug)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(SharedRing, name, method)
+
+
+@pytest.mark.parametrize("bug", sorted(SEEDED))
+def test_each_seeded_protocol_bug_is_caught_by_the_rule_it_breaks(bug: str) -> None:
+    patches, rule = SEEDED[bug]
+    with seeded(patches):
+        result = check_ring(RING_PROFILES["ci"])
+    assert result.violation is not None, f"{bug}: not caught in {result.states} states"
+    assert result.violation.rule == rule, str(result.violation)
+    assert result.violation.path  # a path of actions that leads to it, shortest first
+
+
+def test_a_bound_of_no_counts_is_refused() -> None:
+    with pytest.raises(ValueError, match="counts"):
+        RingBound(producers=0)
+    with pytest.raises(ValueError, match="hold a record"):
+        RingBound(capacity=4)
