@@ -31,7 +31,7 @@ import numpy as np
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.bench import pipeline, scaling
+from devbridge.bench import pipeline, scaling, shared_ring
 
 Call = Callable[[], object]
 SPEC = ObjectSpec("bench", "uint8")
@@ -284,6 +284,17 @@ def scaling_rows(rounds: int, quick: bool) -> list[Row]:
     return [cost, memory]
 
 
+def fixed_row(path: str, value: float, reference: float, unit: str, goal: str) -> Row:
+    """A row of one measured figure against a fixed bound (a latency against its budget)."""
+    return Row(path, value, reference, unit, value / reference, goal, [(value, reference)])
+
+
+def ring_rows(rounds: int, quick: bool) -> list[Row]:
+    """The ring across processes against the in-process ring (bench/shared_ring.py)."""
+    rows: list[Row] = shared_ring.rows(rounds, quick, side_by_side, fixed_row, size_label)
+    return rows
+
+
 def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list[Row]:
     rows: list[Row] = []
     parts: dict[str, Callable[[], list[Row]]] = {
@@ -292,6 +303,7 @@ def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list
         "scaling": lambda: scaling_rows(rounds, quick),
         "worker": lambda: worker_rows(device, rounds, quick),
         "queue": lambda: queue_rows(rounds, quick),
+        "ring": lambda: ring_rows(rounds, quick),
     }
     for name, part in parts.items():
         if not only or name in only:
@@ -351,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default 5)")
     parser.add_argument("--quick", action="store_true", help="few calls per round: checks that it runs, not speed")
     parser.add_argument(
-        "--only", action="append", choices=("copies", "alloc", "scaling", "worker", "queue"), default=[]
+        "--only", action="append", choices=("copies", "alloc", "scaling", "worker", "queue", "ring"), default=[]
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

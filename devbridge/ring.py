@@ -698,6 +698,18 @@ class HostRange:
         _set_nbytes(r, nbytes)
         return r
 
+    def __getstate__(self) -> tuple[object, ...]:  # (copy.copy: the record's fields may be unset)
+        return self.ring, self.start, self.nbytes, self.seq, self.redelivered
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        ring, start, nbytes, seq, redelivered = state
+        _set_ring(self, ring)
+        _set_start(self, start)
+        _set_nbytes(self, nbytes)
+        if seq is not None:
+            _set_seq(self, seq)
+            _set_redelivered(self, redelivered)
+
     @classmethod
     def _record(cls, ring: HostRing, record: _Record) -> HostRange:
         """The range of a record `take` gives out."""

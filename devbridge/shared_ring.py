@@ -20,6 +20,7 @@ import os
 import time
 from array import array
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable
 
 from devbridge.args import as_count, as_seconds
 from devbridge.errors import (
@@ -79,6 +80,8 @@ class SharedRing(HostRing):
         self._words = words[:data].cast("q")
         self._closed = False
         self.process: tuple[int, int] | None = None  # who this attachment is (None: this process)
+        self.alive: Callable[[int, int], bool] = alive  # whether a process (pid, start time) still runs
+        self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
         self._setup(capacity, words[data : data + capacity])
         self.name = os.path.basename(segment.path)
 
@@ -253,7 +256,7 @@ class SharedRing(HostRing):
         reservations and records: bytes released of one not yet released whole count)."""
         self._check_open()
         with self._lock, self._segment.locked():
-            tail, count = self._window()
+            tail, count = self._new_tail(), self._window()[1]
             oldest = self._oldest(tail, count)
             record = self._record_at(oldest, oldest + 1) if tail < count else None
             if record is not None:  # the oldest is this process's: its first byte not released
@@ -276,8 +279,11 @@ class SharedRing(HostRing):
                 self._check_fence()
                 with self._segment.locked():
                     r = self._reserve_now(n, me)
-                    if r is None and wait != 0 and self._reclaim_dead():
-                        r = self._reserve_now(n, me)
+                    if r is None and wait != 0 and time.monotonic() >= self._next_reclaim:
+                        # (at most every RECLAIM_EVERY_S: it reads /proc for each live reservation)
+                        self._next_reclaim = time.monotonic() + RECLAIM_EVERY_S
+                        if self._reclaim_dead():
+                            r = self._reserve_now(n, me)
                     if r is not None:
                         return r
                     largest = self._largest_shared()
@@ -287,11 +293,10 @@ class SharedRing(HostRing):
             self._segment.wait(_H_RELEASES * 8, seen, RECLAIM_EVERY_S if left is None else min(left, RECLAIM_EVERY_S))
 
     def _reserve_now(self, n: int, me: tuple[int, int]) -> HostRange | None:  # both locks held
-        tail, count = self._window()
+        # (the tail word may lag behind released slots: its writer died between the two writes)
+        tail, count = self._new_tail(), self._window()[1]
         if count - tail == self._slots:
-            tail = self._new_tail()
-            if count - tail == self._slots:
-                return None  # every slot holds a live reservation
+            return None  # every slot holds a live reservation
         head = self._shared_head(count)
         oldest = self._oldest(tail, count)
         if not 0 <= head - oldest <= self.capacity:
@@ -315,7 +320,7 @@ class SharedRing(HostRing):
         return HostRange._made(self, start, n)
 
     def _largest_shared(self) -> int:  # the segment locked
-        tail, count = self._window()
+        tail, count = self._new_tail(), self._window()[1]
         if count - tail == self._slots:
             return 0
         head, oldest = self._shared_head(count), self._oldest(tail, count)
@@ -556,14 +561,15 @@ class SharedRing(HostRing):
         dead = []
         for index in range(tail, count):
             _, _, pid, pstart, seq, state = self._slot(index)
-            if state == _RESERVED and not self._committed_seq(index, seq) and not alive(pid, pstart):
+            if state == _RESERVED and not self._committed_seq(index, seq) and not self.alive(pid, pstart):
                 dead.append(index)
+        reclaimed, moved = self._word(_H_RECLAIMED) + len(dead), self._new_tail(*dead)
+        for index in dead:
+            self._set_state(index, _RECLAIMED)  # each reclaimed from here on
         if dead:
-            reclaimed, tail = self._word(_H_RECLAIMED) + len(dead), self._new_tail(*dead)
-            for index in dead:
-                self._set_state(index, _RECLAIMED)  # each reclaimed from here on
             self._words[_H_RECLAIMED] = reclaimed
-            self._words[_H_TAIL] = tail
+        if moved != tail:  # (also a tail left behind by a process that died before moving it)
+            self._words[_H_TAIL] = moved
             self._bump(_H_RELEASES)
         return len(dead)
 

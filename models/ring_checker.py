@@ -29,7 +29,7 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,8 +128,10 @@ class _World:
     def __init__(self, bound: RingBound) -> None:
         self.bound = bound
         self.name = f"devbridge-ring-check-{os.getpid()}-{next(_names)}"
-        self.ring = HostRing.create(self.name, bound.capacity, records=bound.slots)
-        assert isinstance(self.ring, SharedRing)
+        ring = HostRing.create(self.name, bound.capacity, records=bound.slots)
+        assert isinstance(ring, SharedRing)
+        self.ring = ring
+        ring.alive = self._alive
         self.producers: list[SharedRing | None] = []
         self.reserved: list[HostRange | None] = []
         self.made = [0] * bound.producers
@@ -158,8 +160,13 @@ class _World:
         attached = HostRing.attach(self.name)
         assert isinstance(attached, SharedRing)
         attached.process = (_FAKE_PID + who, 1)
+        attached.alive = self._alive
         attached._words = _Words(attached._words)  # type: ignore[assignment]
         return attached
+
+    def _alive(self, pid: int, started: int) -> bool:
+        """The checker's processes: dead once crashed."""
+        return (pid, started) not in _dead(self)
 
     def _words(self) -> bytes:
         words = self.ring._words
@@ -208,7 +215,7 @@ class _World:
         elif kind == "consume":
             self._new_consumer(crash_at)
         elif kind == "reclaim":
-            self.ring.reclaim()  # type: ignore[attr-defined]
+            self.ring.reclaim()
         self._check_state(kind)
 
     @contextmanager
@@ -379,7 +386,7 @@ class _World:
             if seq not in self.released and (state := self._slot_state(start)) != shared_ring._RESERVED:
                 rule = "RING-6" if state == shared_ring._RECLAIMED or kind == "reclaim" else "RING-5"
                 raise _Broken(rule, f"committed record {seq}, not released, left the ring by {kind or 'the drain'}")
-        tail, count = ring._window()
+        tail, count = ring._new_tail(), ring._window()[1]
         cursor = ring._oldest(tail, count)
         if cursor < self.cursor:
             raise _Broken("RING-1", f"the cursor went back from {self.cursor} to {cursor}")
@@ -413,7 +420,7 @@ class _World:
             r = self.reserved[p]
             if attached is not None and r is not None:
                 attached.release(r)
-        self.ring.reclaim()  # type: ignore[attr-defined]
+        self.ring.reclaim()
         self._check_state()
         if self.ring.cursor != self.ring.head:
             raise _Broken("RING-6", f"after the drain the cursor stays at {self.ring.cursor}, head {self.ring.head}")
@@ -456,91 +463,59 @@ def _key(world: _World) -> tuple[object, ...]:
 Step = tuple[Action, int | None]
 
 
-def _replay(bound: RingBound, path: tuple[Step, ...]) -> _World:
-    world = _World(bound)
-    try:
-        for action, crash_at in path:
-            world.apply(action, crash_at)
-    except BaseException:
-        world.close()
-        raise
-    return world
-
-
-@contextmanager
-def _identities(worlds: Callable[[], _World | None]) -> Iterator[None]:
-    """`alive` answers for the checker's fake processes: dead once crashed."""
-    real = shared_ring.alive
-
-    def alive(pid: int, started: int) -> bool:
-        world = worlds()
-        if pid >= _FAKE_PID and world is not None:
-            return (pid, started) not in _dead(world)
-        return real(pid, started)
-
-    shared_ring.alive = alive
-    try:
-        yield
-    finally:
-        shared_ring.alive = real
-
-
 def check_ring(bound: RingBound | None = None) -> RingResult:
     """Explore every path within `bound` breadth first; the first violation found (a shortest one)."""
     bound = bound or RING_PROFILES["ci"]
     t0 = time.perf_counter()
-    current: list[_World | None] = [None]
     seen: set[tuple[object, ...]] = set()
     queue: deque[tuple[Step, ...]] = deque([()])
     result = RingResult(0, 0, 0.0)
-
-    def run(path: tuple[Step, ...], final: bool) -> tuple[_World | None, RingViolation | None]:
-        world: _World | None = None
-        try:
-            world = _World(bound)
-            current[0] = world
-            for action, crash_at in path:
-                world.apply(action, crash_at)
-            if final:
-                world.drain()
-            return world, None
-        except _Broken as e:
-            if world is not None:
-                world.close()
-            return None, RingViolation(e.rule, str(e), tuple(a if c is None else ("crash", c, *a) for a, c in path))
-
-    with _identities(lambda: current[0]):
-        while queue:
-            path = queue.popleft()
-            world, violation = run(path, final=False)
-            if violation is None and world is not None:
-                key = _key(world)
-                if key in seen:
-                    world.close()
-                    continue
-                seen.add(key)
-                result.states += 1
-                actions = list(world.actions()) if len(path) < bound.depth else []
-                crashes_left = world.crashes < bound.crashes
-                world.close()
-                if not actions:
-                    result.paths += 1
-                    done, violation = run(path, final=True)
-                    if done is not None:
-                        done.close()
-                    if violation is not None:
-                        break
-                for action in actions:
-                    result.actions.add(action[0])
-                    queue.append((*path, (action, None)))
-                    if crashes_left and action[0] != "reclaim":
-                        probe, violation = run((*path, (action, None)), final=False)
-                        if probe is not None:
-                            writes = probe.last_writes
-                            probe.close()
-                            queue.extend((*path, (action, k)) for k in range(writes + 1))
-            if violation is not None:
-                result.violation = violation
-                break
+    while queue and result.violation is None:
+        path = queue.popleft()
+        world, result.violation = _run(bound, path, final=False)
+        if world is None:
+            break
+        key = _key(world)
+        depth_left = len(path) < bound.depth
+        actions = list(world.actions()) if depth_left and key not in seen else []
+        crashes_left = world.crashes < bound.crashes
+        world.close()
+        if key in seen:
+            continue
+        seen.add(key)
+        result.states += 1
+        if not actions:  # a path's end: the drain
+            result.paths += 1
+            done, result.violation = _run(bound, path, final=True)
+            if done is not None:
+                done.close()
+            continue
+        for action in actions:
+            result.actions.add(action[0])
+            queue.append((*path, (action, None)))
+            if crashes_left and action[0] != "reclaim":
+                probe, result.violation = _run(bound, (*path, (action, None)), final=False)
+                if probe is None:
+                    break
+                writes = probe.last_writes
+                probe.close()
+                queue.extend((*path, (action, k)) for k in range(writes + 1))
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _run(bound: RingBound, path: tuple[Step, ...], final: bool) -> tuple[_World | None, RingViolation | None]:
+    """`path` replayed on a fresh ring (and drained, when `final`): the world, or the violation."""
+    world = _World(bound)
+    try:
+        for action, crash_at in path:
+            world.apply(action, crash_at)
+        if final:
+            world.drain()
+        return world, None
+    except _Broken as e:
+        world.close()
+        return None, RingViolation(e.rule, str(e), tuple(a if c is None else ("crash", c, *a) for a, c in path))
+    except BaseException:
+        world.close()
+        raise

@@ -38,7 +38,7 @@ def _reclaim_committed_too(self: SharedRing) -> int:
     dead = [
         i
         for i in range(tail, count)
-        if self._slot(i)[5] == shared_ring._RESERVED and not shared_ring.alive(*self._slot(i)[2:4])
+        if self._slot(i)[5] == shared_ring._RESERVED and not self.alive(*self._slot(i)[2:4])
     ]
     if dead:
         tail = self._new_tail(*dead)

@@ -162,19 +162,23 @@ def _kill_at_random(ring: Run, rng: random.Random, process: BaseProcess, log: Pa
     ring.join(process, 10)
 
 
+#: SIGKILLs per run, and runs: 200 in all, each run well within a minute on a loaded machine.
+KILLS, RUNS = 50, 4
+
+
 @pytest.mark.holds("RING-5", "RING-6")
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", range(1, RUNS + 1))
 def test_kill_9_at_random_points_loses_and_duplicates_nothing(run: object, seed: int) -> None:
-    """100 SIGKILLs per run, each of the consumer or of a producer, at a random point of its loop;
-    each dead one is replaced (a new consumer takes over; a new producer adds records)."""
+    """SIGKILLs, each of the consumer or of a producer, at a random point of its loop; each dead
+    one is replaced (a new consumer takes over; a new producer adds records)."""
     ring: Run = run(16 << 10, 64)  # type: ignore[operator]
     rng = random.Random(seed)
-    deadline = time.monotonic() + 50
+    deadline = time.monotonic() + 45
     consumer = ring.consumer()
     producers = [ring.producer(1 << 30, 2048, until=True) for _ in range(2)]
     kills = {"consumer": 0, "producer": 0}
-    while sum(kills.values()) < 100:
-        assert time.monotonic() < deadline, f"100 kills did not fit in 50 s ({kills})\n{ring.state()}"
+    while sum(kills.values()) < KILLS:
+        assert time.monotonic() < deadline, f"{KILLS} kills did not fit in 45 s ({kills})\n{ring.state()}"
         if rng.random() < 0.5:
             _kill_at_random(ring, rng, consumer, ring.consumed, "D")
             kills["consumer"] += 1
@@ -186,8 +190,8 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(run: object, seed:
             producers.append(ring.producer(1 << 30, 2048, until=True))
     ring.finish(consumer)
     stats = ring.check()
-    assert stats["generation"] == kills["consumer"] + 1 and min(kills.values()) >= 30, (kills, stats)
-    assert stats["delivered"] > 200 and stats["redelivered"] > 0 and stats["reclaimed"] > 0, stats
+    assert stats["generation"] == kills["consumer"] + 1 and min(kills.values()) >= 10, (kills, stats)
+    assert stats["delivered"] > 100 and stats["redelivered"] > 0, stats  # (reclaims: test_shared_ring.py)
 
 
 @pytest.mark.holds("RING-5", "GEN-2")
