@@ -23,8 +23,6 @@ import platform
 import re
 import stat
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from devbridge.errors import InvalidArgumentError, RingCorruptError, short
 
@@ -59,7 +57,7 @@ class Segment:
         self._fd = fd
         self.map = mmap.mmap(fd, size)
         self.size = size
-        self._thread_lock = threading.Lock()
+        self._locked = _Locked(fd)
         self._words: dict[int, ctypes.c_uint32] = {}  # futex words by byte offset (they pin the map)
 
     @classmethod
@@ -111,16 +109,11 @@ class Segment:
         except FileNotFoundError:
             raise InvalidArgumentError("ARG-1", f"no shared-memory segment is named {name!r}") from None
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the segment's lock: other threads of this process, then other processes. The
-        kernel drops a dead holder's `flock`, so a killed process never keeps it."""
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def locked(self) -> _Locked:
+        """Hold the segment's lock (`with segment.locked():`): other threads of this process,
+        then other processes. The kernel drops a dead holder's `flock`, so a killed process
+        never keeps it."""
+        return self._locked
 
     def _word(self, offset: int) -> ctypes.c_uint32:
         word = self._words.get(offset)
@@ -157,6 +150,28 @@ class Segment:
         except BufferError:
             return False
         return True
+
+
+class _Locked:
+    """The segment's lock as a context manager: a thread lock, then `flock` on the file."""
+
+    __slots__ = ("_fd", "_thread_lock")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._thread_lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._thread_lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread_lock.release()
 
 
 def _start_time(pid: int) -> int | None:

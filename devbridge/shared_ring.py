@@ -39,7 +39,9 @@ _MAGIC = 0x474E495242564544  # "DEVBRING"
 _LAYOUT = 1
 (_H_MAGIC, _H_LAYOUT, _H_CAPACITY, _H_SLOTS, _H_DATA, _H_COUNT, _H_TAIL, _H_NEXT_SEQ, _H_TAKE_SEQ,
  _H_GENERATION, _H_CONSUMER_PID, _H_CONSUMER_START, _H_REDELIVER_UNTIL, _H_RECLAIMED, _H_COMMITS,
- _H_RELEASES, _H_REDELIVERED) = range(17)  # fmt: skip
+ _H_RELEASES, _H_REDELIVERED, _H_TAKE_SLEEPERS, _H_RESERVE_SLEEPERS) = range(19)  # fmt: skip
+#: The futex word each waiter sleeps on, and the flag that says someone does (a wake only then).
+_SLEEPERS = {_H_COMMITS: _H_TAKE_SLEEPERS, _H_RELEASES: _H_RESERVE_SLEEPERS}
 _HEADER_WORDS = 32
 _SLOT_WORDS = 8
 _S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE, _S_FREED = range(8)
@@ -82,6 +84,8 @@ class SharedRing(HostRing):
         self.process: tuple[int, int] | None = None  # who this attachment is (None: this process)
         self.alive: Callable[[int, int], bool] = alive  # whether a process (pid, start time) still runs
         self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
+        # the fixed fields of reservations (by number: never reused) once checked
+        self._fixed: dict[int, tuple[int, int, int, int]] = {}
         self._setup(capacity, words[data : data + capacity])
         self.name = os.path.basename(segment.path)
 
@@ -169,16 +173,23 @@ class SharedRing(HostRing):
     def _slot(self, index: int) -> tuple[int, int, int, int, int, int]:
         """Reservation `index`'s start, size, owner (pid and start time), sequence number and state."""
         base = self._table_at + (index % self._slots) * _SLOT_WORDS
-        start, nbytes, pid, pstart, check, seq, state = self._words[base : base + 7]
-        if (
-            check != _check_word(start, nbytes, pid, pstart)
-            or not 0 <= start < _BIG
-            or not 0 < nbytes <= self.capacity
-            or start % self.capacity + nbytes > self.capacity
-            or state not in (_RESERVED, _RELEASED, _RECLAIMED)
-        ):
-            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
-        return start, nbytes, pid, pstart, seq, state
+        fixed = self._fixed.get(index)
+        if fixed is None:  # its fixed fields, checked once: a reservation's are written before it exists
+            start, nbytes, pid, pstart, check = self._words[base : base + 5]
+            if (
+                check != _check_word(start, nbytes, pid, pstart)
+                or not 0 <= start < _BIG
+                or not 0 < nbytes <= self.capacity
+                or start % self.capacity + nbytes > self.capacity
+            ):
+                raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
+            if len(self._fixed) >= 2 * self._slots:
+                self._fixed.clear()
+            fixed = self._fixed[index] = (start, nbytes, pid, pstart)
+        state = self._words[base + _S_STATE]
+        if state not in (_RESERVED, _RELEASED, _RECLAIMED):
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index} is in no state ({state})")
+        return (*fixed, self._words[base + _S_SEQ], state)
 
     def _committed_seq(self, index: int, seq: int) -> bool:
         """Whether reservation `index` holds sequence number `seq` (< next_seq): its commit is done."""
@@ -214,9 +225,12 @@ class SharedRing(HostRing):
         self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE] = state
 
     def _bump(self, word: int) -> None:
-        """Change a futex word (its low 32 bits) and wake whoever sleeps on it."""
+        """Change a futex word (its low 32 bits) and wake whoever sleeps on it (a system call
+        only when a waiter said it sleeps)."""
         self._words[word] = (self._words[word] + 1) & 0xFFFFFFFF
-        self._segment.wake(word * 8)
+        if self._words[_SLEEPERS[word]]:
+            self._words[_SLEEPERS[word]] = 0
+            self._segment.wake(word * 8)
 
     # ------------------------------------------------------------ fence
 
@@ -286,10 +300,11 @@ class SharedRing(HostRing):
                             r = self._reserve_now(n, me)
                     if r is not None:
                         return r
-                    largest = self._largest_shared()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        largest = self._largest_shared()
+                        raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
+                    self._words[_H_RESERVE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
             self._segment.wait(_H_RELEASES * 8, seen, RECLAIM_EVERY_S if left is None else min(left, RECLAIM_EVERY_S))
 
     def _reserve_now(self, n: int, me: tuple[int, int]) -> HostRange | None:  # both locks held
@@ -416,11 +431,14 @@ class SharedRing(HostRing):
                 with self._segment.locked():
                     self._check_fence()
                     r = self._take_now()
-                if r is not None:
-                    return r
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise WaitTimeoutError("WAIT-1", f"no record was committed to ring {self.name!r} within {wait} s")
+                    if r is not None:
+                        return r
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise WaitTimeoutError(
+                            "WAIT-1", f"no record was committed to ring {self.name!r} within {wait} s"
+                        )
+                    self._words[_H_TAKE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
             self._segment.wait(_H_COMMITS * 8, seen, FENCE_EVERY_S if left is None else min(left, FENCE_EVERY_S))
 
     def _take_now(self) -> HostRange | None:  # both locks held

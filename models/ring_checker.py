@@ -171,7 +171,7 @@ class _World:
     def _words(self) -> bytes:
         words = self.ring._words
         raw = bytearray(words.cast("B"))  # the futex counters change on every wake: not state
-        for i in (shared_ring._H_COMMITS, shared_ring._H_RELEASES):
+        for i in (*shared_ring._SLEEPERS, *shared_ring._SLEEPERS.values()):
             raw[i * 8 : i * 8 + 8] = bytes(8)
         return bytes(raw)
 
