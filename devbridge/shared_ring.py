@@ -34,6 +34,7 @@ from devbridge.errors import (
 )
 from devbridge.ring import MAX_CAPACITY, HostRange, HostRing, RingState, Span, _fmt, _Record
 from devbridge.segment import Segment, alive, this_process
+from devbridge.spec.ring import load_ring
 
 _MAGIC = 0x474E495242564544  # "DEVBRING"
 _LAYOUT = 1
@@ -45,7 +46,9 @@ _SLEEPERS = {_H_COMMITS: _H_TAKE_SLEEPERS, _H_RELEASES: _H_RESERVE_SLEEPERS}
 _HEADER_WORDS = 32
 _SLOT_WORDS = 8
 _S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE, _S_FREED = range(8)
-_RESERVED, _RELEASED, _RECLAIMED = 1, 2, 3
+#: A reservation's state word (spec/ring.toml): live (reserved, committed or taken: the sequence
+#: numbers tell them apart), released, reclaimed.
+_RESERVED, _RELEASED, _RECLAIMED = (load_ring().slot(state) for state in ("reserved", "released", "reclaimed"))
 _BIG = 1 << 62  # no counter of a ring in use comes near
 #: Most slots (live reservations) a shared ring may have.
 MAX_SLOTS = 1 << 20

@@ -39,6 +39,7 @@ from devbridge.errors import BridgeError, StaleHandleError, WaitTimeoutError
 from devbridge.ring import HostRange, HostRing
 from devbridge.segment import SHM_DIR
 from devbridge.shared_ring import SharedRing
+from devbridge.spec.ring import load_ring
 
 Action = tuple[Any, ...]
 SIZE = 8  # bytes per record
@@ -110,6 +111,8 @@ class RingResult:
     seconds: float
     violation: RingViolation | None = None
     actions: set[str] = field(default_factory=set)
+    #: the record transitions of spec/ring.toml the reference took, as (state, event)
+    transitions: set[tuple[str, str]] = field(default_factory=set)
 
 
 class _Broken(Exception):
@@ -148,6 +151,8 @@ class _World:
         self.released: set[int] = set()
         self.crashes = 0
         self.cursor = 0
+        self.records: dict[int, str] = {}  # each record's state in spec/ring.toml, by its start
+        self.moved: set[tuple[str, str]] = set()
         self._new_consumer(crash_at=None)
 
     def close(self) -> None:
@@ -215,7 +220,7 @@ class _World:
         elif kind == "consume":
             self._new_consumer(crash_at)
         elif kind == "reclaim":
-            self.ring.reclaim()
+            self._reclaim()
         self._check_state(kind)
 
     @contextmanager
@@ -244,6 +249,7 @@ class _World:
             return  # full: nothing reserved
         attached.write(r, _pattern(p, self.made[p]))
         self.reserved[p] = r
+        self.records[r.start] = RECORDS.initial
 
     def _commit(self, p: int, crash_at: int | None) -> None:
         attached, r = self.producers[p], self.reserved[p]
@@ -256,11 +262,13 @@ class _World:
             self._producer_died(p)
             if self.ring._words[shared_ring._H_NEXT_SEQ] != before:  # it died after the commit point
                 self.committed[before] = (p, self.made[p], r.start)
+                self._move(r.start, "commit")
                 self.reserved[p] = None
             return
         if seq != len(self.committed):
             raise _Broken("RING-4", f"commit number {len(self.committed)} got sequence number {seq}")
         self.committed[seq] = (p, self.made[p], r.start)
+        self._move(r.start, "commit")
         self.made[p] += 1
         self.reserved[p] = None
 
@@ -283,6 +291,7 @@ class _World:
             self._consumer_died(c)
             if self.ring._words[shared_ring._H_TAKE_SEQ] > take_seq and due and not fenced:
                 self.taken_ever.add(due[0])  # it died after the take point
+                self._move(self.committed[due[0]][2], "take")
             return
         except StaleHandleError as e:
             if not fenced or e.rule != "GEN-2":
@@ -307,6 +316,7 @@ class _World:
             raise _Broken("RING-5", f"record {r.seq} came with other bytes")
         self.taken_ever.add(r.seq)
         self.held[c][r.seq] = r
+        self._move(r.start, "take")
 
     def _release(self, c: int, seq: int, crash_at: int | None) -> None:
         attached = self.consumers[c]
@@ -321,6 +331,7 @@ class _World:
             self._consumer_died(c)
             if not fenced and self._slot_state(r.start) != shared_ring._RESERVED:
                 self.released.add(seq)  # it died after the release point
+                self._move(r.start, "release")
             return
         except StaleHandleError as e:
             if not fenced or e.rule != "GEN-2":
@@ -334,6 +345,7 @@ class _World:
             raise _Broken("RING-5", f"record {seq} was released twice")
         self.released.add(seq)
         del self.held[c][seq]
+        self._move(r.start, "release")
 
     def _new_consumer(self, crash_at: int | None) -> None:
         c = len(self.consumers)
@@ -349,16 +361,40 @@ class _World:
             if self.ring._words[shared_ring._H_GENERATION] != before:
                 self.live = None  # a generation began; its consumer is dead
                 self.generation = before + 1
+                self._redeliver()
             return
         if generation != self.generation + 1:
             raise _Broken("RING-5", f"consume() gave generation {generation} after {self.generation}")
         self.generation, self.live = generation, c
+        self._redeliver()
 
     def _producer_died(self, p: int) -> None:
         attached = self.producers[p]
         assert attached is not None
         _bury(attached)
         self.producers[p] = None
+
+    def _move(self, start: int, event: str) -> None:
+        """The reference's record at `start` takes `event`: a transition of spec/ring.toml, or a breach."""
+        state = self.records[start]
+        dest = RECORDS.next(state, event)
+        if dest is None:
+            raise _Broken(_RULE_OF[event], f"the record at {start} took {event!r} while {state}: no such transition")
+        self.moved.add((state, event))
+        self.records[start] = dest
+
+    def _redeliver(self) -> None:
+        """A new generation began: what earlier consumers held is due again."""
+        for start, state in list(self.records.items()):
+            if state == "taken":
+                self._move(start, "redeliver")
+
+    def _reclaim(self) -> None:
+        """ring.reclaim(), and the reference's records whose slots it reclaimed."""
+        self.ring.reclaim()
+        for start, state in list(self.records.items()):
+            if state == "reserved" and self._slot_state(start) == shared_ring._RECLAIMED:
+                self._move(start, "reclaim")
 
     def _consumer_died(self, c: int) -> None:
         attached = self.consumers[c]
@@ -408,6 +444,7 @@ class _World:
             consumer = self.consumers[-1]
             assert consumer is not None
             self.generation = consumer.consume()
+            self._redeliver()
         c = self.live
         for seq in sorted(self.held[c]):
             self._release(c, seq, None)
@@ -420,7 +457,8 @@ class _World:
             r = self.reserved[p]
             if attached is not None and r is not None:
                 attached.release(r)
-        self.ring.reclaim()
+                self._move(r.start, "release")
+        self._reclaim()
         self._check_state()
         if self.ring.cursor != self.ring.head:
             raise _Broken("RING-6", f"after the drain the cursor stays at {self.ring.cursor}, head {self.ring.head}")
@@ -434,6 +472,9 @@ def _bury(attached: SharedRing) -> None:
 
 
 _FAKE_PID = 1 << 30  # identities no process has
+RECORDS = load_ring()
+#: The rule a move the spec does not allow breaks, by its event.
+_RULE_OF = {"commit": "RING-4", "take": "RING-4", "release": "RING-5", "redeliver": "RING-5", "reclaim": "RING-6"}
 _names = itertools.count()
 
 
@@ -475,6 +516,7 @@ def check_ring(bound: RingBound | None = None) -> RingResult:
         world, result.violation = _run(bound, path, final=False)
         if world is None:
             break
+        result.transitions |= world.moved
         key = _key(world)
         depth_left = len(path) < bound.depth
         actions = list(world.actions()) if depth_left and key not in seen else []
@@ -488,6 +530,7 @@ def check_ring(bound: RingBound | None = None) -> RingResult:
             result.paths += 1
             done, result.violation = _run(bound, path, final=True)
             if done is not None:
+                result.transitions |= done.moved
                 done.close()
             continue
         for action in actions:

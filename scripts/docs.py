@@ -21,6 +21,7 @@ from pathlib import Path
 
 from devbridge.errors import CONTRACT_PATH
 from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rule, load
+from devbridge.spec.ring import RingProtocol, load_ring
 from devbridge.statemachine.machine import Table, compile_table
 
 MARKERS = ("holds", "rejects")
@@ -227,6 +228,8 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
             out += _restart_summary(table)
         if section == "Ordering":
             out += _ordering_summary(lc)
+        if section == "The ring across processes":
+            out += _ring_summary(load_ring())
         for rid in ids:
             out += _rule_block(lc, rid, tests)
     out += ["## Invariants", "", "Checked after every step of the stateful tests:", ""]
@@ -273,6 +276,22 @@ def _ordering_summary(lc: Lifecycle) -> list[str]:
     rows += ["| earlier \\ later | " + " | ".join(f"`{u}`" for u in uses) + " |", "|---" * (len(uses) + 1) + "|"]
     for earlier in uses:
         rows.append(f"| `{earlier}` | " + " | ".join(lc.hazard(earlier, later) or "—" for later in uses) + " |")
+    return [*rows, ""]
+
+
+def _ring_summary(ring: RingProtocol) -> list[str]:
+    """The records of a ring, from spec/ring.toml: each reservation's states and transitions."""
+    rows = ["Each reservation of a ring is a record with these states (spec/ring.toml):", "", "```mermaid"]
+    rows += ["stateDiagram-v2", f"    [*] --> {ring.initial}"]
+    rows += [f"    {t.source} --> {t.dest}: {t.event}" for t in ring.transitions]
+    rows += [f"    {s.name} --> [*]" for s in ring.states.values() if s.terminal]
+    rows += ["```", "", "| state | meaning |", "|---|---|"]
+    rows += [f"| `{s.name}`{' (terminal)' if s.terminal else ''} | {s.doc} |" for s in ring.states.values()]
+    rows += ["", "| state | event | to | rule | by |", "|---|---|---|---|---|"]
+    rows += [
+        f"| `{t.source}` | `{t.event}` | `{t.dest}` | [{t.rule}](#{anchor(t.rule)}) | {t.doc} |"
+        for t in ring.transitions
+    ]
     return [*rows, ""]
 
 

@@ -67,8 +67,13 @@ def diagrams() -> list[str]:
     return [block.split("```", 1)[0] for block in doc.split("```mermaid\n")[1:]]
 
 
+def lifecycle_diagrams() -> list[str]:
+    """The allocation's two diagrams (the ring's records have the third)."""
+    return diagrams()[:2]
+
+
 def test_the_full_diagram_has_every_spec_transition() -> None:
-    _, full = diagrams()
+    _, full = lifecycle_diagrams()
     assert full.startswith("stateDiagram-v2\n    [*] --> allocated\n")
     for t in load().transitions:
         edge = re.search(rf"^    {t.source} --> {t.dest} : (.*)$", full, re.M)
@@ -76,7 +81,7 @@ def test_the_full_diagram_has_every_spec_transition() -> None:
 
 
 def test_the_folded_diagram_has_one_edge_per_pair_of_states_with_its_events() -> None:
-    folded, _ = diagrams()
+    folded, _ = lifecycle_diagrams()
     assert folded.startswith("stateDiagram-v2\n    [*] --> allocated\n")
     edges = dict(re.findall(r"^    (\w+ --> \w+) : (.*)$", folded, re.M))
     moves = [t for t in load().transitions if t.source != t.dest]
@@ -84,6 +89,17 @@ def test_the_folded_diagram_has_one_edge_per_pair_of_states_with_its_events() ->
     for t in moves:
         assert t.event in re.split(r", | / release", edges[f"{t.source} --> {t.dest}"]), t
     assert "[" not in "".join(edges.values())  # no guards
+
+
+def test_the_ring_diagram_has_every_record_transition_of_the_ring_spec() -> None:
+    from devbridge.spec.ring import load_ring
+
+    ring = load_ring()
+    records = diagrams()[2]
+    assert records.startswith(f"stateDiagram-v2\n    [*] --> {ring.initial}\n")
+    for t in ring.transitions:
+        assert f"    {t.source} --> {t.dest}: {t.event}\n" in records, t
+    assert len(diagrams()) == 3
 
 
 def test_errors_name_their_rule_and_its_anchor() -> None:

@@ -15,6 +15,8 @@ from devbridge import shared_ring
 from devbridge.models.ring_checker import RING_PROFILES, RingBound, check_ring
 from devbridge.ring import HostRange, HostRing
 from devbridge.shared_ring import SharedRing
+from devbridge.spec import SpecError
+from devbridge.spec.ring import RING_SPEC_PATH, load_ring, parse_ring
 
 
 @pytest.mark.holds("RING-1", "RING-4", "RING-5", "RING-6", "GEN-2")
@@ -25,6 +27,8 @@ def test_the_ring_protocol_holds_with_a_crash_possible_at_every_step() -> None:
     assert result.violation is None, str(result.violation)
     assert result.states >= 5000 and result.paths > 100
     assert result.actions == {"reserve", "commit", "take", "release", "consume", "reclaim"}
+    # the reference moved along every transition of spec/ring.toml, and only along those
+    assert result.transitions == {(t.source, t.event) for t in load_ring().transitions}
 
 
 def _skip_one_on_redelivery(self: SharedRing) -> tuple[int, int]:
@@ -91,3 +95,37 @@ def test_a_bound_of_no_counts_is_refused() -> None:
         RingBound(producers=0)
     with pytest.raises(ValueError, match="hold a record"):
         RingBound(capacity=4)
+
+
+def _spec_with(edit: Callable[[str], str], tmp_path: Any) -> Any:
+    path = tmp_path / "ring.toml"
+    path.write_text(edit(RING_SPEC_PATH.read_text()))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "complaint"),
+    [
+        (lambda t: t.replace('rule = "RING-6"', 'rule = "RING-99"'), "unknown rule"),
+        (lambda t: t.replace('dest = "reclaimed"', 'dest = "lost"'), "unknown state"),
+        (lambda t: t.replace('event = "reclaim"', 'event = "commit"'), "two transitions"),
+        (lambda t: t.replace("slot = 3", "slot = 2"), "slot value"),
+        (lambda t: t.replace('initial = "reserved"', 'initial = "taken"'), "cannot be reached"),
+    ],
+)
+def test_the_ring_spec_refuses_an_unsound_protocol(edit: Callable[[str], str], complaint: str, tmp_path: Any) -> None:
+    path = _spec_with(edit, tmp_path)
+    with pytest.raises(SpecError, match=complaint):
+        load_ring(path)
+
+
+def test_the_shared_rings_state_words_come_from_the_ring_spec() -> None:
+    ring = load_ring()
+    assert (
+        ring.slot("reserved"),
+        ring.slot("released"),
+        ring.slot("reclaimed"),
+    ) == (shared_ring._RESERVED, shared_ring._RELEASED, shared_ring._RECLAIMED)
+    assert {ring.slot(s) for s in ("reserved", "committed", "taken")} == {shared_ring._RESERVED}
+    with pytest.raises(SpecError, match="ring spec"):
+        parse_ring({"initial": "reserved"})  # no states, no transitions
