@@ -31,7 +31,7 @@ SPAWN = multiprocessing.get_context("spawn")
 #: Records per run at each size (`quick`: a tenth).
 COUNTS = {64: 20_000, 64 << 10: 4_000, 1 << 20: 400}
 #: Objects per producer in the CPU-bound rows, and the numpy steps that make each.
-WORK_OBJECTS, WORK_STEPS = 400, 60
+WORK_OBJECTS, WORK_STEPS = 400, 200
 
 
 def _name() -> str:
@@ -61,8 +61,10 @@ def _produce(ring: HostRing, count: int, nbytes: int, work: bool, first: int = 0
         ring.commit(r)
 
 
-def _producer_process(name: str, count: int, nbytes: int, work: bool, first: int, go: Any) -> None:
+def _producer_process(name: str, count: int, nbytes: int, work: bool, first: int, ready: Any, go: Any) -> None:
     ring = HostRing.attach(name)
+    make_object(0)  # numpy imported and warm before the clock starts
+    ready.set()
     go.wait()
     _produce(ring, count, nbytes, work, first)
     ring.close()
@@ -80,14 +82,16 @@ def across_processes(nbytes: int, count: int, producers: int = 1, work: bool = F
     try:
         ring.consume()
         go = SPAWN.Event()
+        ready = [SPAWN.Event() for _ in range(producers)]
         each = count // producers
         procs = [
-            SPAWN.Process(target=_producer_process, args=(name, each, nbytes, work, k * each, go))
+            SPAWN.Process(target=_producer_process, args=(name, each, nbytes, work, k * each, ready[k], go))
             for k in range(producers)
         ]
         for p in procs:
             p.start()
-        time.sleep(0.2)  # let them attach
+        for event in ready:
+            event.wait(60)
         start = time.perf_counter()
         go.set()
         _drain(ring, each * producers)
@@ -102,6 +106,7 @@ def across_processes(nbytes: int, count: int, producers: int = 1, work: bool = F
 
 def in_process(nbytes: int, count: int, producers: int = 1, work: bool = False) -> float:
     """Records per second through an in-process ring fed by `producers` producer threads."""
+    make_object(0)
     ring = HostRing(_capacity(nbytes if not work else 512))
     ring.consume()
     each = count // producers

@@ -24,7 +24,7 @@ import re
 import stat
 import threading
 
-from devbridge.errors import InvalidArgumentError, RingCorruptError, short
+from devbridge.errors import InvalidArgumentError, RangeError, RingCorruptError, short
 
 #: Where named segments live (a tmpfs: memory, not disk).
 SHM_DIR = "/dev/shm"
@@ -55,7 +55,8 @@ class Segment:
     def __init__(self, path: str, fd: int, size: int) -> None:
         self.path = path
         self._fd = fd
-        self.map = mmap.mmap(fd, size)
+        # every page mapped now (MAP_POPULATE), not on a first write in the middle of a copy
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         self.size = size
         self._locked = _Locked(fd)
         self._words: dict[int, ctypes.c_uint32] = {}  # futex words by byte offset (they pin the map)
@@ -71,6 +72,10 @@ class Segment:
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
             os.ftruncate(fd, size)
+            try:  # the memory taken now: a full /dev/shm is an error here, not a SIGBUS on a write later
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                raise RangeError("RANGE-1", f"no room for a ring of {size} B in {SHM_DIR}: {e.strerror}") from None
             return cls(path, fd, size)
         except BaseException:
             os.close(fd)
@@ -152,6 +157,9 @@ class Segment:
         return True
 
 
+_TRIES = 20  # non-blocking tries of the segment's lock before a blocking one
+
+
 class _Locked:
     """The segment's lock as a context manager: a thread lock, then `flock` on the file."""
 
@@ -164,6 +172,14 @@ class _Locked:
     def __enter__(self) -> None:
         self._thread_lock.acquire()
         try:
+            # Held for microseconds: a few tries before sleeping in the kernel, whose wake-up
+            # costs more than the wait (an adaptive lock; never a wait for an event).
+            for _ in range(_TRIES):
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    os.sched_yield()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
