@@ -321,6 +321,8 @@ class SharedRing(HostRing):
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: head {head} and oldest byte {oldest} are no ring")
         pos = head % self.capacity
         start = head if pos + n <= self.capacity else head + self.capacity - pos
+        if tail == count:
+            oldest = start  # nothing is live: bytes skipped at the lap's end are free, the whole ring is
         if start + n - oldest > self.capacity:
             return None
         base = self._table_at + (count % self._slots) * _SLOT_WORDS
@@ -341,6 +343,8 @@ class SharedRing(HostRing):
         tail, count = self._new_tail(), self._window()[1]
         if count - tail == self._slots:
             return 0
+        if tail == count:
+            return self.capacity
         head, oldest = self._shared_head(count), self._oldest(tail, count)
         pos = head % self.capacity
         tail_room = min(self.capacity - pos, self.capacity - (head - oldest))

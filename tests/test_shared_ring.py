@@ -218,31 +218,45 @@ def test_a_fenced_consumers_copy_in_flight_releases_nothing(shared: Callable[...
 
 # ---------------------------------------------------------------- the ring rules, on a shared ring
 
+
+def _cases(test: Callable[..., None]) -> list[dict[str, object]]:
+    """The arguments of each case of a test of test_ring.py (one case: no arguments)."""
+    cases: list[dict[str, object]] = [{}]
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "parametrize":
+            names = mark.args[0] if isinstance(mark.args[0], tuple) else tuple(mark.args[0].split(","))
+            values = [v if len(names) > 1 else (v,) for v in mark.args[1]]
+            cases = [{**c, **dict(zip(names, v, strict=True))} for c in cases for v in values]
+    return cases
+
+
 _UNCHANGED = [
-    name
+    (name, case)
     for name, test in vars(test_ring).items()
     if name.startswith("test_")
     and any(
         m.name in ("holds", "rejects") and set(m.args) & {"RING-1", "RING-2"} for m in getattr(test, "pytestmark", [])
     )
-    and not any(m.name == "parametrize" for m in getattr(test, "pytestmark", []))
-    and "_wait_for_room" not in (test.__doc__ or "")
+    and "_wait_for_room" not in (test.__doc__ or "")  # (the in-process ring's own waiting)
+    for case in _cases(test)
 ]
 
 
 @pytest.mark.holds("RING-1", "RING-2")
-@pytest.mark.parametrize("name", _UNCHANGED)
+@pytest.mark.parametrize(("name", "case"), _UNCHANGED, ids=[f"{n}{list(c.values())}" for n, c in _UNCHANGED])
 def test_the_ring_tests_pass_unchanged_on_a_shared_ring(
-    name: str, monkeypatch: pytest.MonkeyPatch, shared: Callable[..., HostRing]
+    name: str, case: dict[str, object], monkeypatch: pytest.MonkeyPatch, shared: Callable[..., HostRing]
 ) -> None:
-    """Each RING-1 and RING-2 test of test_ring.py, run as it is with HostRing(capacity) making a
-    ring in shared memory."""
+    """Each RING-1 and RING-2 test of test_ring.py, every case of it, run as it is with
+    HostRing(capacity) making a ring in shared memory."""
     monkeypatch.setattr(test_ring, "HostRing", lambda capacity: shared(capacity))
-    getattr(test_ring, name)()
+    getattr(test_ring, name)(**case)
 
 
-def test_the_unchanged_ring_tests_are_the_cursor_and_reservation_tests() -> None:
-    assert len(_UNCHANGED) >= 6 and "test_cursor_is_monotone_and_stops_at_the_first_unreleased_byte" in _UNCHANGED
+def test_the_unchanged_ring_tests_are_every_ring_1_and_ring_2_test() -> None:
+    names = {name for name, _ in _UNCHANGED}
+    assert len(names) == 12 and len(_UNCHANGED) == 23
+    assert {"test_cursor_is_monotone_and_stops_at_the_first_unreleased_byte", "test_bad_reservation_sizes"} <= names
 
 
 # ---------------------------------------------------------------- dead and live producers
