@@ -82,10 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument(
         "--tier",
-        choices=("both", "values", "lockstep"),
+        choices=("both", "values", "lockstep", "ring"),
         default="both",
         help="values: the core and the ring as values (fast, wide); lockstep: the whole Bridge beside the "
-        "reference model (renders a runnable counterexample test); both (default)",
+        "reference model (renders a runnable counterexample test); both (default); ring: the shared ring's "
+        "protocol across processes, a crash possible before every word write (--ring-bound)",
+    )
+    check.add_argument(
+        "--ring-bound", choices=("ci", "small"), default="ci", help="the ring tier's bound (default: ci)"
     )
     check.add_argument(
         "--in-order",

@@ -14,6 +14,8 @@ from devbridge.cli_args import progress_bar, usage_error
 def run_check(args: argparse.Namespace) -> int:
     from devbridge.models.checker import PROFILES
 
+    if args.tier == "ring":
+        return 0 if check_ring_protocol(args) else 1
     fields = ("allocations", "restarts", "faults", "in_flight", "depth", "tensors", "ring", "spans")
     chosen = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
     if args.values_depth is not None:
@@ -31,6 +33,24 @@ def run_check(args: argparse.Namespace) -> int:
     if args.tier in ("both", "lockstep"):
         clean = check_lockstep(args, bound) and clean
     return 0 if clean else 1
+
+
+def check_ring_protocol(args: argparse.Namespace) -> bool:
+    """The shared ring's protocol (models/ring_checker.py) under the chosen bound."""
+    from devbridge.models.ring_checker import RING_PROFILES, check_ring
+    from devbridge.spec.ring import load_ring
+
+    bound = RING_PROFILES[args.ring_bound]
+    print(f"ring bound: {bound}")
+    result = check_ring(bound)
+    every = {(t.source, t.event) for t in load_ring().transitions}
+    print(
+        f"{result.states} states, {result.paths} paths drained, {result.seconds:.1f} s; "
+        f"record transitions covered: {len(result.transitions & every)} of {len(every)}"
+    )
+    if result.violation is not None:
+        print(f"\n{result.violation}")
+    return result.violation is None
 
 
 def states_bar(args: argparse.Namespace) -> Any:

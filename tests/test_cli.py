@@ -142,3 +142,11 @@ def test_check_runs_the_lockstep_checker_on_an_in_order_queue(tmp_path: Path) ->
     run = devbridge(tmp_path, *args, "--no-progress")
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("bound: Bound(") and "in_order=True" in run.stdout.splitlines()[0]
+
+
+def test_check_runs_the_ring_protocol_checker(tmp_path: Path) -> None:
+    run = devbridge(tmp_path, "check", "--tier", "ring", "--ring-bound", "small")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("ring bound: RingBound(producers=1, records=2")
+    assert lines[1].endswith("record transitions covered: 6 of 6")
