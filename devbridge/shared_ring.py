@@ -84,6 +84,7 @@ class SharedRing(HostRing):
         words = memoryview(segment.map)
         self._words = words[:data].cast("q")
         self._closed = False
+        self._pid = os.getpid()
         self.process: tuple[int, int] | None = None  # who this attachment is (None: this process)
         self.alive: Callable[[int, int], bool] = alive  # whether a process (pid, start time) still runs
         self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
@@ -244,6 +245,8 @@ class SharedRing(HostRing):
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
+        if os.getpid() != self._pid:  # a forked child shares the parent's lock: it must attach itself
+            raise InvalidArgumentError("ARG-1", f"ring {self.name!r} was attached by process {self._pid}: attach again")
 
     def _check_fence(self) -> None:
         self._check_open()

@@ -465,3 +465,22 @@ def test_an_in_process_ring_has_no_name_to_unlink() -> None:
     ring.close()  # nothing to detach
     with pytest.raises(InvalidArgumentError):
         ring.unlink()
+
+
+def _use_inherited(ring: HostRing) -> None:
+    try:
+        ring.reserve(4)
+    except InvalidArgumentError as e:
+        os._exit(3 if e.rule == "ARG-1" and "attach again" in str(e) else 4)
+    os._exit(5)
+
+
+def test_a_forked_child_must_attach_for_itself(shared: Callable[..., HostRing]) -> None:
+    """A forked child holds the parent's open file, whose flock it would share: every call of its
+    inherited attachment is refused, and the parent's ring is untouched."""
+    ring = shared(64)
+    before = ring.snapshot()
+    child = multiprocessing.get_context("fork").Process(target=_use_inherited, args=(ring,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 3 and ring.snapshot() == before
