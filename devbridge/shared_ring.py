@@ -242,6 +242,12 @@ class SharedRing(HostRing):
         """The pid and start time this attachment's reservations are owned by."""
         return self.process or this_process()
 
+    def _fenced(self) -> bool:
+        """Whether a newer consumer replaced this one. Every write to the segment asks (or calls
+        `_check_fence`) under the segment's lock, after taking it: a process stopped between an
+        earlier check and the lock, continued after its replacement took over, changes nothing."""
+        return self._consumer is not None and self._words[_H_GENERATION] != self._consumer
+
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
@@ -250,7 +256,7 @@ class SharedRing(HostRing):
 
     def _check_fence(self) -> None:
         self._check_open()
-        if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
+        if self._fenced():
             raise StaleHandleError(
                 "GEN-2",
                 f"ring {self.name!r}: consumer generation {self._consumer} was replaced by generation "
@@ -298,6 +304,7 @@ class SharedRing(HostRing):
             with self._lock:
                 self._check_fence()
                 with self._segment.locked():
+                    self._check_fence()  # (again under the lock: see _fenced)
                     r = self._reserve_now(n, me)
                     if r is None and wait != 0 and time.monotonic() >= self._next_reclaim:
                         # (at most every RECLAIM_EVERY_S: it reads /proc for each live reservation)
@@ -359,6 +366,7 @@ class SharedRing(HostRing):
             start, _ = self._check_commit(r)
             record = self._records[start]
             with self._segment.locked():
+                self._check_fence()
                 seq = self._word(_H_NEXT_SEQ)
                 base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
                 if self._slot(record.slot)[:1] != (start,):
@@ -390,6 +398,7 @@ class SharedRing(HostRing):
         with self._lock:
             self._check_fence()
             with self._segment.locked():
+                self._check_fence()
                 generation = self._word(_H_GENERATION, 0, _BIG - 1) + 1
                 take_seq, redeliver_until = self._rewind()
                 self._words[_H_GENERATION] = generation  # every older consumer is fenced from here on
@@ -487,6 +496,8 @@ class SharedRing(HostRing):
             # A producer's own reservation, released at its front: those bytes are free for the
             # ring (one word, only growing). A taken record's stay held (RING-5).
             with self._segment.locked():
+                if self._fenced():
+                    return
                 self._slot(record.slot)
                 base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
                 self._words[base + _S_FREED] = self._first_unreleased(record) - record.start
@@ -497,9 +508,9 @@ class SharedRing(HostRing):
         return max(record.start, self._starts[i]) if i < len(self._starts) else record.end
 
     def _record_released(self, record: _Record) -> None:  # the lock held
-        if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:
-            return  # a fenced consumer's release changes nothing: the record is delivered again
         with self._segment.locked():
+            if self._fenced():
+                return  # a fenced consumer's release changes nothing: the record is delivered again
             start, *_ = self._slot(record.slot)
             if start != record.start:
                 raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of [{record.start}, ...) holds another")
@@ -582,6 +593,7 @@ class SharedRing(HostRing):
         with self._lock:
             self._check_fence()
             with self._segment.locked():
+                self._check_fence()
                 return self._reclaim_dead()
 
     def _reclaim_dead(self) -> int:  # the segment locked

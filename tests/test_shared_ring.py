@@ -484,3 +484,45 @@ def test_a_forked_child_must_attach_for_itself(shared: Callable[..., HostRing]) 
     child.start()
     child.join(30)
     assert child.exitcode == 3 and ring.snapshot() == before
+
+
+@pytest.mark.holds("RING-5", "GEN-2")
+@pytest.mark.parametrize("call", ["release", "take", "consume", "reclaim"])
+def test_a_consumer_stopped_between_its_check_and_the_lock_changes_nothing(
+    shared: Callable[..., HostRing], call: str
+) -> None:
+    """A consumer passes its fence check, is stopped before it takes the segment's lock, and its
+    replacement takes over meanwhile: when it gets the lock, it must find itself fenced there
+    (a release: the record is delivered again, whole; any other call: GEN-2), changing no word."""
+    ring = shared(64)
+    old, new = HostRing.attach(ring.name), HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    for text in (b"heldheld", b"nextnext"):
+        r = ring.reserve(8)
+        ring.write(r, text)
+        ring.commit(r)
+    old.consume()
+    held = old.take(timeout=1)
+    lock = old._segment.locked()  # type: ignore[attr-defined]
+    enter = type(lock).__enter__
+    replaced: list[int] = []
+
+    def stopped_at_the_lock(self: object) -> None:
+        if self is lock and not replaced:
+            replaced.append(new.consume())  # the replacement takes over while this one is stopped
+            replaced.append(len(ring.snapshot()))
+            before[:] = [ring.snapshot()]
+        enter(self)  # type: ignore[arg-type]
+
+    before: list[object] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(lock), "__enter__", stopped_at_the_lock)
+        if call == "release":
+            old.release(held)  # the fence held at the call's start; under the lock it does not
+        else:
+            with refused("GEN-2"):
+                {"take": old.take, "consume": old.consume, "reclaim": old.reclaim}[call]()  # type: ignore[attr-defined]
+    assert replaced[0] == 2 and ring.snapshot() == before[0]
+    again = new.take(timeout=1)
+    assert (again.seq, again.redelivered, bytes(new.view(again))) == (0, True, b"heldheld")
+    old.close()
+    new.close()
