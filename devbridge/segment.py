@@ -191,14 +191,17 @@ class _Locked:
 
 
 def _start_time(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None when it is gone or a zombie."""
+    """When process `pid` started (clock ticks since boot), None when it is gone or a zombie,
+    or -1 when /proc cannot say (no file descriptor left, ...): not known dead."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    except OSError:
+        return -1
     fields = text[text.rfind(b")") + 2 :].split()  # after the command name, which may hold spaces
-    if not fields or fields[0] in (b"Z", b"X"):
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])
 
@@ -216,5 +219,9 @@ def this_process() -> tuple[int, int]:
 
 
 def alive(pid: int, started: int) -> bool:
-    """Whether the process that had `pid` and started at `started` still runs (not a zombie)."""
-    return pid > 0 and _start_time(pid) == started
+    """Whether the process that had `pid` and started at `started` still runs (not a zombie).
+    Only a process known dead is not alive: when /proc cannot answer, it is taken as alive."""
+    if pid <= 0:
+        return False
+    now = _start_time(pid)
+    return now == started or now == -1

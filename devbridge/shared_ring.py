@@ -369,8 +369,11 @@ class SharedRing(HostRing):
                 self._check_fence()
                 seq = self._word(_H_NEXT_SEQ)
                 base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
-                if self._slot(record.slot)[:1] != (start,):
+                slot_start, _, pid, pstart, _, state = self._slot(record.slot)
+                if slot_start != start or (pid, pstart) != self._me():
                     raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {_fmt(r)} holds another range")
+                if state != _RESERVED:  # the ring took this process for dead and reclaimed it
+                    raise RangeError("RING-4", f"host bytes {_fmt(r)} were reclaimed, no longer this process's")
                 self._words[base + _S_SEQ] = seq
                 self._words[self._commits_at + seq % self._slots] = record.slot
                 self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on

@@ -526,3 +526,35 @@ def test_a_consumer_stopped_between_its_check_and_the_lock_changes_nothing(
     assert (again.seq, again.redelivered, bytes(new.view(again))) == (0, True, b"heldheld")
     old.close()
     new.close()
+
+
+@pytest.mark.rejects("RING-4")
+def test_a_reservation_reclaimed_under_a_live_producer_is_never_committed(shared: Callable[..., HostRing]) -> None:
+    """Should the ring ever take a live producer for dead (its /proc entry unreadable, say), the
+    reservation it reclaimed cannot be committed after all: the producer is told, nothing is
+    delivered from bytes the ring may reuse."""
+    ring = shared(64)
+    producer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    r = fill(producer, b"doomed!!")
+    ring.alive = lambda pid, started: False  # type: ignore[attr-defined]
+    assert ring.reclaim() == 1  # type: ignore[attr-defined]
+    before = ring.snapshot()
+    with refused("RING-4"):
+        producer.commit(r)
+    assert ring.snapshot() == before and ring.stats()["committed"] == 0  # type: ignore[attr-defined]
+    with pytest.raises(WaitTimeoutError):
+        ring.take(timeout=0.01)
+    producer.close()
+
+
+def test_a_process_proc_cannot_describe_is_taken_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devbridge import segment
+
+    pid, started = segment.this_process()
+    assert segment.alive(pid, started) and not segment.alive(pid, started + 1) and not segment.alive(0, 0)
+
+    def unreadable(*args: object, **kwargs: object) -> object:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("builtins.open", unreadable)
+    assert segment.alive(pid, started + 1)  # not known dead: alive
