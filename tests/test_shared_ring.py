@@ -558,3 +558,24 @@ def test_a_process_proc_cannot_describe_is_taken_as_alive(monkeypatch: pytest.Mo
 
     monkeypatch.setattr("builtins.open", unreadable)
     assert segment.alive(pid, started + 1)  # not known dead: alive
+
+
+@pytest.mark.rejects("SHM-1")
+@pytest.mark.parametrize(("field", "value"), [(0, 8), (1, 4), (2, 1), (3, 7)])
+def test_a_reservation_whose_fixed_fields_were_rewritten_is_refused(
+    shared: Callable[..., HostRing], field: int, value: int
+) -> None:
+    """Another process rewrites a committed record's start, size or owner with values that look
+    like a reservation's: the check word over them tells, and nothing is delivered or changed."""
+    ring = shared(64)
+    ring.commit(fill(ring, b"12345678"))
+    consumer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    words = _words_of(ring.name)  # type: ignore[attr-defined]
+    slot = 32 + 4096  # the header, the commit table (4096 slots), then slot 0
+    words[slot + field] = value
+    before = bytes(words)
+    with refused("SHM-1", RingCorruptError):
+        consumer.take(timeout=0.01)
+    assert bytes(words) == before
+    words.release()
+    consumer.close()
