@@ -294,10 +294,7 @@ class _World:
                 self._move(self.committed[due[0]][2], "take")
             return
         except StaleHandleError as e:
-            if not fenced or e.rule != "GEN-2":
-                raise _Broken("GEN-2", f"the live consumer's take was refused: {e}") from e
-            if self._words() != before:
-                raise _Broken("GEN-2", "a fenced consumer's refused take changed the segment") from e
+            self._refused(e, fenced, before, "take")
             return
         except WaitTimeoutError:
             if fenced:
@@ -318,6 +315,13 @@ class _World:
         self.held[c][r.seq] = r
         self._move(r.start, "take")
 
+    def _refused(self, e: StaleHandleError, fenced: bool, before: bytes, call: str) -> None:
+        """A call refused as stale: only a fenced consumer's, citing GEN-2, changing no word."""
+        if not fenced or e.rule != "GEN-2":
+            raise _Broken("GEN-2", f"the live consumer's {call} was refused: {e}") from e
+        if self._words() != before:
+            raise _Broken("GEN-2", f"a fenced consumer's refused {call} changed the segment") from e
+
     def _release(self, c: int, seq: int, crash_at: int | None) -> None:
         attached = self.consumers[c]
         assert attached is not None
@@ -334,10 +338,7 @@ class _World:
                 self._move(r.start, "release")
             return
         except StaleHandleError as e:
-            if not fenced or e.rule != "GEN-2":
-                raise _Broken("GEN-2", f"the live consumer's release was refused: {e}") from e
-            if self._words() != before:
-                raise _Broken("GEN-2", "a fenced consumer's refused release changed the segment") from e
+            self._refused(e, fenced, before, "release")
             return
         if fenced:
             raise _Broken("GEN-2", f"a fenced consumer's release of record {seq} was accepted")

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from devbridge.spec import SpecError, load
+from devbridge.spec import SpecError, _closure, load
 
 RING_SPEC_PATH = Path(__file__).with_name("ring.toml")
 
@@ -81,13 +81,10 @@ def parse_ring(data: dict[str, Any]) -> RingProtocol:
             raise SpecError(f"ring spec: transition {t} cites an unknown rule")
         if states[t.source].terminal:
             raise SpecError(f"ring spec: terminal state {t.source} has a transition")
-    reached, frontier = {protocol.initial}, [protocol.initial]
-    while frontier:
-        here = frontier.pop()
-        for t in transitions:
-            if t.source == here and t.dest not in reached:
-                reached.add(t.dest)
-                frontier.append(t.dest)
+    edges: dict[str, set[str]] = {name: set() for name in states}
+    for t in transitions:
+        edges[t.source].add(t.dest)
+    reached = _closure(edges, {protocol.initial})
     if reached != set(states):
         raise SpecError(f"ring spec: states {sorted(set(states) - reached)} cannot be reached")
     live = {s.slot for s in states.values() if not s.terminal}
@@ -97,14 +94,11 @@ def parse_ring(data: dict[str, Any]) -> RingProtocol:
 
 
 def load_ring(path: Path | str | None = None) -> RingProtocol:
-    """The ring's record protocol (the packaged spec/ring.toml by default)."""
-    if path is None:
-        return _packaged()
-    with open(path, "rb") as f:
-        return parse_ring(tomllib.load(f))
+    """The ring's record protocol (the packaged spec/ring.toml by default, read once)."""
+    return _load(Path(path or RING_SPEC_PATH))
 
 
 @cache
-def _packaged() -> RingProtocol:
-    with open(RING_SPEC_PATH, "rb") as f:
+def _load(path: Path) -> RingProtocol:
+    with open(path, "rb") as f:
         return parse_ring(tomllib.load(f))
