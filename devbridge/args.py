@@ -55,6 +55,10 @@ def optional_count(name: str, value: object, least: int = 0) -> int | None:
 
 def as_seconds(value: object, what: str) -> float:
     """`value` as a number of seconds >= 0 (inf allowed); ARG-1 for anything else (bool, NaN, ...)."""
+    if type(value) is float and value >= 0:  # the usual cases first (NaN fails the comparison)
+        return value
+    if type(value) is int and 0 <= value < 1 << 53:
+        return float(value)
     try:
         real = isinstance(value, numbers.Real) and not isinstance(value, bool)
         seconds = float(value) if real else math.nan  # type: ignore[arg-type]

@@ -276,12 +276,12 @@ class HostRing:
         still reads them (H2D-3); refused while an output copy into them is not valid (D2H-3)."""
         with self._lock:
             self._check_live(r, "RING-3")
-            if _overlaps(self._writes, r):
+            if self._writes and _overlaps(self._writes, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} are still being copied from the device")
-            if _overlaps(self._failed, r):
+            if self._failed and _overlaps(self._failed, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
             view = self.raw(r)
-            return view.toreadonly() if _overlaps(self._reads, r) else view
+            return view.toreadonly() if self._reads and _overlaps(self._reads, r) else view
 
     def released(self, r: HostRange) -> bool:
         """Whether every byte of `r` is released. Bytes never reserved are an error (RING-1)."""
@@ -304,12 +304,13 @@ class HostRing:
         """Release bytes the worker consumed. Refused for bytes a pending copy still uses."""
         with self._lock:
             self._check_live(r, "RING-1")
-            if _overlaps(self._reads, r):
+            if self._reads and _overlaps(self._reads, r):
                 raise RangeError("H2D-3", f"host bytes {_fmt(r)} are still read by a pending input copy")
-            if _overlaps(self._writes, r):
+            if self._writes and _overlaps(self._writes, r):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are still written by a pending output copy")
             self._cut(r)
-            self._failed = _minus(self._failed, (r.start, r.end))
+            if self._failed:
+                self._failed = _minus(self._failed, (r.start, r.end))
 
     def unreleased(self) -> list[HostRange]:
         """The unreleased spans, oldest first."""
@@ -551,9 +552,12 @@ class HostRing:
     def snapshot(self) -> tuple[object, ...]:
         """Everything the ring knows, for tests asserting that a rejected call changed nothing."""
         with self._lock:
-            records = tuple((r.start, r.end, r.seq, r.taken, r.redelivered) for r in self._records.values())
-            queue = tuple(r.seq for r in self._ready)
-            return (*self._bookkeeping(), records, queue, self._next_seq, self._generation, bytes(self._memory))
+            return self._snapshot()
+
+    def _snapshot(self) -> tuple[object, ...]:  # the lock held
+        records = tuple((r.start, r.end, r.seq, r.taken, r.redelivered) for r in self._records.values())
+        queue = tuple(r.seq for r in self._ready)
+        return (*self._bookkeeping(), records, queue, self._next_seq, self._generation, bytes(self._memory))
 
     def state(self) -> RingState:
         """Its bookkeeping as a value, without the bytes (`restore` takes it back): a model

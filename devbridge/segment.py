@@ -58,7 +58,7 @@ class Segment:
         # every page mapped now (MAP_POPULATE), not on a first write in the middle of a copy
         self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         self.size = size
-        self._locked = _Locked(fd)
+        self._locked = _Locked(fd, threading.Lock())
         self._words: dict[int, ctypes.c_uint32] = {}  # futex words by byte offset (they pin the map)
 
     @classmethod
@@ -120,6 +120,12 @@ class Segment:
         never keeps it."""
         return self._locked
 
+    def locked_after(self, thread_lock: threading.Lock | None) -> _Locked:
+        """The segment's lock taken after `thread_lock` (None: one the caller already holds),
+        for a caller whose every use of the segment holds that thread lock first: a `flock`
+        keeps other processes out, not other threads of this one."""
+        return _Locked(self._fd, thread_lock)
+
     def _word(self, offset: int) -> ctypes.c_uint32:
         word = self._words.get(offset)
         if word is None:
@@ -161,33 +167,43 @@ _TRIES = 20  # non-blocking tries of the segment's lock before a blocking one
 
 
 class _Locked:
-    """The segment's lock as a context manager: a thread lock, then `flock` on the file."""
+    """The segment's lock as a context manager: a thread lock (if any), then `flock` on the file."""
 
     __slots__ = ("_fd", "_thread_lock")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, thread_lock: threading.Lock | None) -> None:
         self._fd = fd
-        self._thread_lock = threading.Lock()
+        self._thread_lock = thread_lock
 
     def __enter__(self) -> None:
-        self._thread_lock.acquire()
+        if self._thread_lock is not None:
+            self._thread_lock.acquire()
         try:
-            # Held for microseconds: a few tries before sleeping in the kernel, whose wake-up
-            # costs more than the wait (an adaptive lock; never a wait for an event).
-            for _ in range(_TRIES):
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
-                except BlockingIOError:
-                    os.sched_yield()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the usual case: free
+            except BlockingIOError:
+                self._wait()
         except BaseException:
-            self._thread_lock.release()
+            if self._thread_lock is not None:
+                self._thread_lock.release()
             raise
+
+    def _wait(self) -> None:
+        # Held for microseconds: a few tries before sleeping in the kernel, whose wake-up
+        # costs more than the wait (an adaptive lock; never a wait for an event).
+        for _ in range(_TRIES):
+            os.sched_yield()
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._thread_lock.release()
+        if self._thread_lock is not None:
+            self._thread_lock.release()
 
 
 def _start_time(pid: int) -> int | None:

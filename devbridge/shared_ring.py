@@ -57,6 +57,16 @@ RECLAIM_EVERY_S = 0.05
 #: How often a waiting `take` looks whether a newer consumer replaced it.
 FENCE_EVERY_S = 0.25
 
+_forks = 0  # forks this process came through (a child's inherited attachments are refused)
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 def _check_word(start: int, nbytes: int, pid: int, pstart: int) -> int:
     return (start * 0x9E3779B97F4A7C15 ^ nbytes * 0xC2B2AE3D27D4EB4F ^ pid * 0x165667B1 ^ pstart ^ _MAGIC) & (_BIG - 1)
@@ -84,13 +94,18 @@ class SharedRing(HostRing):
         words = memoryview(segment.map)
         self._words = words[:data].cast("q")
         self._closed = False
-        self._pid = os.getpid()
+        self._pid, self._forks = os.getpid(), _forks
+        self._owner = this_process()  # (an attachment serves one process: a forked child's is refused)
         self.process: tuple[int, int] | None = None  # who this attachment is (None: this process)
         self.alive: Callable[[int, int], bool] = alive  # whether a process (pid, start time) still runs
         self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
         # the fixed fields of reservations (by number: never reused) once checked
         self._fixed: dict[int, tuple[int, int, int, int]] = {}
         self._setup(capacity, words[data : data + capacity])
+        # The segment's lock: after the ring's (every use here holds that first), or alone
+        # where the ring's is held already.
+        self._both = segment.locked_after(self._lock)
+        self._shared = segment.locked_after(None)
         self.name = os.path.basename(segment.path)
 
     # ------------------------------------------------------------ making and ending
@@ -174,26 +189,38 @@ class SharedRing(HostRing):
         tail = self._word(_H_TAIL, max(count - self._slots, 0), count)
         return tail, count
 
+    def _fixed_fields(self, index: int) -> tuple[int, int, int, int]:
+        """Reservation `index`'s start, size and owner (pid and start time), checked the first
+        time (a reservation's fixed fields are written before it exists, and never change)."""
+        fixed = self._fixed.get(index)
+        if fixed is not None:
+            return fixed
+        base = self._table_at + (index % self._slots) * _SLOT_WORDS
+        start, nbytes, pid, pstart, check = self._words[base : base + 5]
+        if (
+            check != _check_word(start, nbytes, pid, pstart)
+            or not 0 <= start < _BIG
+            or not 0 < nbytes <= self.capacity
+            or start % self.capacity + nbytes > self.capacity
+        ):
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
+        if len(self._fixed) >= 2 * self._slots:
+            self._fixed.clear()
+        fixed = self._fixed[index] = (start, nbytes, pid, pstart)
+        return fixed
+
+    def _state(self, index: int) -> int:
+        """Reservation `index`'s state word, checked."""
+        state = self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE]
+        if state != _RESERVED and state != _RELEASED and state != _RECLAIMED:
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index} is in no state ({state})")
+        return state
+
     def _slot(self, index: int) -> tuple[int, int, int, int, int, int]:
         """Reservation `index`'s start, size, owner (pid and start time), sequence number and state."""
-        base = self._table_at + (index % self._slots) * _SLOT_WORDS
-        fixed = self._fixed.get(index)
-        if fixed is None:  # its fixed fields, checked once: a reservation's are written before it exists
-            start, nbytes, pid, pstart, check = self._words[base : base + 5]
-            if (
-                check != _check_word(start, nbytes, pid, pstart)
-                or not 0 <= start < _BIG
-                or not 0 < nbytes <= self.capacity
-                or start % self.capacity + nbytes > self.capacity
-            ):
-                raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
-            if len(self._fixed) >= 2 * self._slots:
-                self._fixed.clear()
-            fixed = self._fixed[index] = (start, nbytes, pid, pstart)
-        state = self._words[base + _S_STATE]
-        if state not in (_RESERVED, _RELEASED, _RECLAIMED):
-            raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index} is in no state ({state})")
-        return (*fixed, self._words[base + _S_SEQ], state)
+        state = self._state(index)
+        seq = self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_SEQ]
+        return (*self._fixed_fields(index), seq, state)
 
     def _committed_seq(self, index: int, seq: int) -> bool:
         """Whether reservation `index` holds sequence number `seq` (< next_seq): its commit is done."""
@@ -203,7 +230,7 @@ class SharedRing(HostRing):
     def _shared_head(self, count: int) -> int:
         if count == 0:
             return 0
-        start, nbytes, *_ = self._slot(count - 1)
+        start, nbytes, _, _ = self._fixed_fields(count - 1)
         return start + nbytes
 
     def _oldest(self, tail: int, count: int) -> int:
@@ -211,36 +238,45 @@ class SharedRing(HostRing):
         released at its front), or the head."""
         if tail == count:
             return self._shared_head(count)
-        start, nbytes, *_ = self._slot(tail)
+        start, nbytes, _, _ = self._fixed_fields(tail)
         freed = self._words[self._table_at + (tail % self._slots) * _SLOT_WORDS + _S_FREED]
         if not 0 <= freed < nbytes:
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {tail} has {freed} of {nbytes} B freed")
         return start + freed
 
-    def _new_tail(self, *released: int) -> int:  # the segment locked
-        """Where the tail moves once the reservations `released` are: past every released one.
-        Reads only (a call checks every word it reads before it writes any)."""
+    def _live_window(self, *released: int) -> tuple[int, int]:  # the segment locked
+        """`tail` and `count` once the reservations `released` are: the tail past every released
+        one. Reads only (a call checks every word it reads before it writes any)."""
         tail, count = self._window()
-        while tail < count and (tail in released or self._slot(tail)[5] != _RESERVED):
+        while tail < count and (tail in released or self._state(tail) != _RESERVED):
             tail += 1
-        return tail
+        return tail, count
 
     def _set_state(self, index: int, state: int) -> None:
         self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_STATE] = state
 
-    def _bump(self, word: int) -> None:
-        """Change a futex word (its low 32 bits) and wake whoever sleeps on it (a system call
-        only when a waiter said it sleeps)."""
+    def _bump(self, word: int) -> bool:  # the segment locked
+        """Change a futex word (its low 32 bits); True when a waiter said it sleeps on it: the
+        caller then wakes it with `_wake`, after the segment's lock goes (a woken waiter wants
+        the lock at once; a wake is a system call, and the lock is held for microseconds)."""
         self._words[word] = (self._words[word] + 1) & 0xFFFFFFFF
         if self._words[_SLEEPERS[word]]:
             self._words[_SLEEPERS[word]] = 0
-            self._segment.wake(word * 8)
+            return True
+        return False
+
+    def _bump_tail(self, tail: int) -> bool:
+        self._words[_H_TAIL] = tail
+        return self._bump(_H_RELEASES)
+
+    def _wake(self, word: int) -> None:
+        self._segment.wake(word * 8)
 
     # ------------------------------------------------------------ fence
 
     def _me(self) -> tuple[int, int]:
         """The pid and start time this attachment's reservations are owned by."""
-        return self.process or this_process()
+        return self.process or self._owner
 
     def _fenced(self) -> bool:
         """Whether a newer consumer replaced this one. Every write to the segment asks (or calls
@@ -251,7 +287,7 @@ class SharedRing(HostRing):
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} is closed in this process")
-        if os.getpid() != self._pid:  # a forked child shares the parent's lock: it must attach itself
+        if self._forks != _forks:  # a forked child shares the parent's lock: it must attach itself
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} was attached by process {self._pid}: attach again")
 
     def _check_fence(self) -> None:
@@ -273,7 +309,7 @@ class SharedRing(HostRing):
     @property
     def head(self) -> int:
         self._check_open()
-        with self._segment.locked():
+        with self._both:
             return self._shared_head(self._window()[1])
 
     @property
@@ -281,8 +317,8 @@ class SharedRing(HostRing):
         """Stream offset below which every byte is released (as this process sees its own
         reservations and records: bytes released of one not yet released whole count)."""
         self._check_open()
-        with self._lock, self._segment.locked():
-            tail, count = self._new_tail(), self._window()[1]
+        with self._both:
+            tail, count = self._live_window()
             oldest = self._oldest(tail, count)
             record = self._record_at(oldest, oldest + 1) if tail < count else None
             if record is not None:  # the oldest is this process's: its first byte not released
@@ -290,7 +326,8 @@ class SharedRing(HostRing):
             return oldest
 
     def reserve(self, nbytes: int, *, timeout: float | None = 0.0) -> HostRange:
-        self._check_open()
+        if self._closed or self._forks != _forks:
+            self._check_open()
         n = nbytes if type(nbytes) is int else as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
@@ -302,27 +339,35 @@ class SharedRing(HostRing):
         while True:
             seen = self._words[_H_RELEASES] & 0xFFFFFFFF
             with self._lock:
-                self._check_fence()
-                with self._segment.locked():
-                    self._check_fence()  # (again under the lock: see _fenced)
-                    r = self._reserve_now(n, me)
-                    if r is None and wait != 0 and time.monotonic() >= self._next_reclaim:
+                with self._shared:  # (held for the segment's words only: the other processes wait)
+                    self._check_fence()  # (under the segment's lock: see _fenced)
+                    made = self._reserve_now(n, me)
+                    if made is None and wait != 0 and time.monotonic() >= self._next_reclaim:
                         # (at most every RECLAIM_EVERY_S: it reads /proc for each live reservation)
                         self._next_reclaim = time.monotonic() + RECLAIM_EVERY_S
                         if self._reclaim_dead():
-                            r = self._reserve_now(n, me)
-                    if r is not None:
-                        return r
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        largest = self._largest_shared()
-                        raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
-                    self._words[_H_RESERVE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
+                            made = self._reserve_now(n, me)
+                    if made is None:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            largest = self._largest_shared()
+                            raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
+                        self._words[_H_RESERVE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
+                if made is not None:
+                    start, index = made
+                    self._starts.append(start)
+                    self._ends.append(start + n)
+                    self._head = start + n
+                    self._records[start] = _Record(start, start + n, -1, index)
+                    self._record_starts.append(start)
+                    return HostRange._made(self, start, n)
             self._segment.wait(_H_RELEASES * 8, seen, RECLAIM_EVERY_S if left is None else min(left, RECLAIM_EVERY_S))
 
-    def _reserve_now(self, n: int, me: tuple[int, int]) -> HostRange | None:  # both locks held
+    def _reserve_now(self, n: int, me: tuple[int, int]) -> tuple[int, int] | None:  # both locks held
+        """The start and the slot of a new reservation of `n` bytes made in the segment, or None
+        when it does not fit now."""
         # (the tail word may lag behind released slots: its writer died between the two writes)
-        tail, count = self._new_tail(), self._window()[1]
+        tail, count = self._live_window()
         if count - tail == self._slots:
             return None  # every slot holds a live reservation
         head = self._shared_head(count)
@@ -342,15 +387,11 @@ class SharedRing(HostRing):
         )
         self._words[_H_TAIL] = tail
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
-        self._starts.append(start)
-        self._ends.append(start + n)
-        self._head = start + n
-        self._records[start] = _Record(start, start + n, -1, count)
-        self._record_starts.append(start)
-        return HostRange._made(self, start, n)
+        self._fixed[count] = (start, n, pid, pstart)
+        return start, count
 
     def _largest_shared(self) -> int:  # the segment locked
-        tail, count = self._new_tail(), self._window()[1]
+        tail, count = self._live_window()
         if count - tail == self._slots:
             return 0
         if tail == count:
@@ -365,25 +406,35 @@ class SharedRing(HostRing):
         with self._lock:
             start, _ = self._check_commit(r)
             record = self._records[start]
-            with self._segment.locked():
+            with self._shared:
                 self._check_fence()
                 seq = self._word(_H_NEXT_SEQ)
                 base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
-                slot_start, _, pid, pstart, _, state = self._slot(record.slot)
+                slot_start, _, pid, pstart = self._fixed_fields(record.slot)
                 if slot_start != start or (pid, pstart) != self._me():
                     raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {_fmt(r)} holds another range")
-                if state != _RESERVED:  # the ring took this process for dead and reclaimed it
+                if self._state(record.slot) != _RESERVED:  # the ring took this process for dead and reclaimed it
                     raise RangeError("RING-4", f"host bytes {_fmt(r)} were reclaimed, no longer this process's")
                 self._words[base + _S_SEQ] = seq
                 self._words[self._commits_at + seq % self._slots] = record.slot
                 self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on
-                self._bump(_H_COMMITS)
+                wake = self._bump(_H_COMMITS)
+            if wake:
+                self._wake(_H_COMMITS)
             del self._records[start]
             self._record_starts.remove(start)
             self._cut_local(start, record.end)
             return seq
 
     def _check_commit(self, r: HostRange) -> Span:  # the lock held
+        # The usual case first: a whole reservation of this process, no copy pending anywhere.
+        record = self._records.get(r.start) if type(r) is HostRange and r.ring is self else None
+        if record is not None and record.seq < 0 and not record.taken and record.end == r.start + r.nbytes:
+            i = bisect_right(self._starts, r.start) - 1
+            whole = i >= 0 and self._starts[i] == r.start and self._ends[i] == record.end
+            if whole and not (self._reads or self._writes or self._failed):
+                self._check_fence()
+                return r.start, record.end
         span = super()._check_commit(r)
         # (every reservation of this process is a record here: the base class's test is moot)
         record = self._records.get(r.start)
@@ -400,7 +451,7 @@ class SharedRing(HostRing):
     def consume(self) -> int:
         with self._lock:
             self._check_fence()
-            with self._segment.locked():
+            with self._shared:
                 self._check_fence()
                 generation = self._word(_H_GENERATION, 0, _BIG - 1) + 1
                 take_seq, redeliver_until = self._rewind()
@@ -408,7 +459,9 @@ class SharedRing(HostRing):
                 self._words[_H_CONSUMER_PID], self._words[_H_CONSUMER_START] = self._me()
                 self._words[_H_REDELIVER_UNTIL] = redeliver_until
                 self._words[_H_TAKE_SEQ] = take_seq
-                self._bump(_H_COMMITS)  # a fenced consumer waiting in take() wakes to its GEN-2
+                wake = self._bump(_H_COMMITS)  # a fenced consumer waiting in take() wakes to its GEN-2
+            if wake:
+                self._wake(_H_COMMITS)
             # records this object took as an older generation go back to the ring
             for start in [s for s, rec in self._records.items() if rec.taken]:
                 record = self._records.pop(start)
@@ -436,36 +489,44 @@ class SharedRing(HostRing):
         return lowest, max(until, take_seq) if lowest < take_seq else until
 
     def take(self, timeout: float | None = None) -> HostRange:
-        self._check_open()
+        if self._closed or self._forks != _forks:
+            self._check_open()
         wait = None if timeout is None else as_seconds(timeout, "take's timeout")
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             seen = self._words[_H_COMMITS] & 0xFFFFFFFF
             if self._consumer is None and self._word(_H_GENERATION) == 0:
                 self.consume()  # the ring's first consumer
+            if self._consumer is None:
+                self._check_open()
+                raise StaleHandleError(
+                    "GEN-2", f"ring {self.name!r} has a consumer (generation {self.generation}): consume() takes over"
+                )
             with self._lock:
-                self._check_fence()
-                if self._consumer is None:
-                    raise StaleHandleError(
-                        "GEN-2",
-                        f"ring {self.name!r} has a consumer (generation {self.generation}): consume() takes over",
-                    )
-                with self._segment.locked():
-                    self._check_fence()
-                    r = self._take_now()
-                    if r is not None:
-                        return r
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise WaitTimeoutError(
-                            "WAIT-1", f"no record was committed to ring {self.name!r} within {wait} s"
-                        )
-                    self._words[_H_TAKE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
+                with self._shared:  # (held for the segment's words only: the other processes wait)
+                    self._check_fence()  # (under the segment's lock: see _fenced)
+                    record = self._take_now()
+                    if record is None:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            raise WaitTimeoutError(
+                                "WAIT-1", f"no record was committed to ring {self.name!r} within {wait} s"
+                            )
+                        self._words[_H_TAKE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
+                if record is not None:
+                    record.taken = self._consumer or 0
+                    self._records[record.start] = record
+                    insort(self._record_starts, record.start)
+                    self._rejoin(record.start, record.end)
+                    return HostRange._record(self, record)
             self._segment.wait(_H_COMMITS * 8, seen, FENCE_EVERY_S if left is None else min(left, FENCE_EVERY_S))
 
-    def _take_now(self) -> HostRange | None:  # both locks held
+    def _take_now(self) -> _Record | None:  # both locks held
+        """The next record to take, taken in the segment, or None when there is none."""
         next_seq = self._word(_H_NEXT_SEQ)
-        seq = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
+        seq = taken = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
+        if seq == next_seq:
+            return None  # nothing committed that was not taken
         tail, count = self._window()
         while seq < next_seq:
             index = self._word(self._commits_at + seq % self._slots, 0, count - 1)
@@ -478,16 +539,15 @@ class SharedRing(HostRing):
             if state != _RESERVED:
                 continue  # released by a consumer before the one it was delivered again to
             redelivered = seq <= self._word(_H_REDELIVER_UNTIL, 0, next_seq)
-            counted = self._word(_H_REDELIVERED) + redelivered
+            counted = self._word(_H_REDELIVERED) + 1 if redelivered else 0
             self._words[_H_TAKE_SEQ] = seq  # taken from here on
-            self._words[_H_REDELIVERED] = counted
+            if redelivered:
+                self._words[_H_REDELIVERED] = counted
             record = _Record(start, start + nbytes, seq - 1, index)
-            record.taken, record.redelivered = self._consumer or 0, redelivered
-            self._records[start] = record
-            insort(self._record_starts, start)
-            self._rejoin(start, start + nbytes)
-            return HostRange._record(self, record)
-        self._words[_H_TAKE_SEQ] = seq
+            record.redelivered = redelivered
+            return record
+        if seq != taken:
+            self._words[_H_TAKE_SEQ] = seq  # past records released before (none to take)
         return None
 
     # ------------------------------------------------------------ releases
@@ -498,51 +558,38 @@ class SharedRing(HostRing):
         if record is not None and record.seq < 0 and record.start < self._first_unreleased(record):
             # A producer's own reservation, released at its front: those bytes are free for the
             # ring (one word, only growing). A taken record's stay held (RING-5).
-            with self._segment.locked():
+            with self._shared:
                 if self._fenced():
                     return
                 self._slot(record.slot)
                 base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
                 self._words[base + _S_FREED] = self._first_unreleased(record) - record.start
-                self._bump(_H_RELEASES)
+                wake = self._bump(_H_RELEASES)
+            if wake:
+                self._wake(_H_RELEASES)
 
     def _first_unreleased(self, record: _Record) -> int:
         i = bisect_left(self._ends, record.start + 1)
         return max(record.start, self._starts[i]) if i < len(self._starts) else record.end
 
     def _record_released(self, record: _Record) -> None:  # the lock held
-        with self._segment.locked():
+        with self._shared:
             if self._fenced():
                 return  # a fenced consumer's release changes nothing: the record is delivered again
             start, *_ = self._slot(record.slot)
             if start != record.start:
                 raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of [{record.start}, ...) holds another")
-            tail = self._new_tail(record.slot)
+            tail = self._live_window(record.slot)[0]
             self._set_state(record.slot, _RELEASED)  # released from here on
             self._words[_H_TAIL] = tail
-            self._bump(_H_RELEASES)
-
-    def release(self, r: HostRange) -> None:
-        with self._lock:
-            self._check_fence()
-        super().release(r)
-
-    def view(self, r: HostRange) -> memoryview:
-        with self._lock:
-            self._check_fence()
-        return super().view(r)
-
-    def check_source(self, r: HostRange) -> None:
-        with self._lock:
-            self._check_fence()
-        super().check_source(r)
-
-    def check_dest(self, r: HostRange) -> None:
-        with self._lock:
-            self._check_fence()
-        super().check_dest(r)
+            wake = self._bump(_H_RELEASES)
+        if wake:
+            self._wake(_H_RELEASES)
 
     def _check_live(self, r: HostRange, rule: str) -> None:  # the lock held
+        # (every call on a range asks: view, release, commit, a copy's checks; on a shared ring
+        # every live range is a record, so the per-call shortcut `_live` never skips this)
+        self._check_fence()
         try:
             super()._check_live(r, rule)
         except RangeError:
@@ -555,7 +602,7 @@ class SharedRing(HostRing):
         """Whose the live reservation holding `r`'s first byte is, when this process has none."""
         if self._closed:
             return None
-        with self._segment.locked():
+        with self._shared:
             tail, count = self._window()
             for index in range(tail, count):
                 start, nbytes, _, _, seq, state = self._slot(index)
@@ -572,7 +619,7 @@ class SharedRing(HostRing):
         self._check_open()
         with self._lock:
             self._check_ring(r)
-            with self._segment.locked():
+            with self._shared:
                 tail, count = self._window()
                 if r.end > self._shared_head(count):
                     head = self._shared_head(count)
@@ -595,7 +642,7 @@ class SharedRing(HostRing):
         does not wait behind them forever (RING-6). Returns how many were reclaimed."""
         with self._lock:
             self._check_fence()
-            with self._segment.locked():
+            with self._shared:
                 self._check_fence()
                 return self._reclaim_dead()
 
@@ -606,21 +653,20 @@ class SharedRing(HostRing):
             _, _, pid, pstart, seq, state = self._slot(index)
             if state == _RESERVED and not self._committed_seq(index, seq) and not self.alive(pid, pstart):
                 dead.append(index)
-        reclaimed, moved = self._word(_H_RECLAIMED) + len(dead), self._new_tail(*dead)
+        reclaimed, moved = self._word(_H_RECLAIMED) + len(dead), self._live_window(*dead)[0]
         for index in dead:
             self._set_state(index, _RECLAIMED)  # each reclaimed from here on
         if dead:
             self._words[_H_RECLAIMED] = reclaimed
-        if moved != tail:  # (also a tail left behind by a process that died before moving it)
-            self._words[_H_TAIL] = moved
-            self._bump(_H_RELEASES)
+        if moved != tail and self._bump_tail(moved):  # (also a tail a dead process left behind)
+            self._wake(_H_RELEASES)  # (under the lock: this is rare)
         return len(dead)
 
     def stats(self) -> dict[str, int]:
         """The ring's counters across processes: records committed and taken, the consumer
         generation, records delivered again, reservations reclaimed, live reservations."""
         self._check_open()
-        with self._segment.locked():
+        with self._both:
             tail, count = self._window()
             return {
                 "committed": self._words[_H_NEXT_SEQ],
@@ -633,8 +679,8 @@ class SharedRing(HostRing):
 
     def snapshot(self) -> tuple[object, ...]:
         self._check_open()
-        with self._segment.locked():
-            return (*super().snapshot(), bytes(self._words))
+        with self._both:
+            return (*self._snapshot(), bytes(self._words))
 
     def restore(self, state: RingState) -> None:
         raise InvalidArgumentError("ARG-1", "a shared ring's bookkeeping is its segment's: it cannot be restored")

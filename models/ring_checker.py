@@ -423,7 +423,7 @@ class _World:
             if seq not in self.released and (state := self._slot_state(start)) != shared_ring._RESERVED:
                 rule = "RING-6" if state == shared_ring._RECLAIMED or kind == "reclaim" else "RING-5"
                 raise _Broken(rule, f"committed record {seq}, not released, left the ring by {kind or 'the drain'}")
-        tail, count = ring._new_tail(), ring._window()[1]
+        tail, count = ring._live_window()
         cursor = ring._oldest(tail, count)
         if cursor < self.cursor:
             raise _Broken("RING-1", f"the cursor went back from {self.cursor} to {cursor}")

@@ -45,7 +45,7 @@ def _reclaim_committed_too(self: SharedRing) -> int:
         if self._slot(i)[5] == shared_ring._RESERVED and not self.alive(*self._slot(i)[2:4])
     ]
     if dead:
-        tail = self._new_tail(*dead)
+        tail = self._live_window(*dead)[0]
         for index in dead:
             self._set_state(index, shared_ring._RECLAIMED)
         self._words[shared_ring._H_TAIL] = tail
@@ -70,14 +70,17 @@ SEEDED = {
 
 @contextmanager
 def seeded(patches: dict[str, Callable[..., Any]]) -> Iterator[None]:
-    saved = {name: vars(SharedRing)[name] for name in patches}
+    saved = {name: vars(SharedRing).get(name) for name in patches}  # (None: inherited from HostRing)
     for name, bug in patches.items():
         setattr(SharedRing, name, bug)
     try:
         yield
     finally:
         for name, method in saved.items():
-            setattr(SharedRing, name, method)
+            if method is None:
+                delattr(SharedRing, name)
+            else:
+                setattr(SharedRing, name, method)
 
 
 @pytest.mark.parametrize("bug", sorted(SEEDED))

@@ -502,12 +502,12 @@ def test_a_consumer_stopped_between_its_check_and_the_lock_changes_nothing(
         ring.commit(r)
     old.consume()
     held = old.take(timeout=1)
-    lock = old._segment.locked()  # type: ignore[attr-defined]
-    enter = type(lock).__enter__
+    locks = (old._both, old._shared)  # type: ignore[attr-defined]
+    enter = type(locks[0]).__enter__
     replaced: list[int] = []
 
     def stopped_at_the_lock(self: object) -> None:
-        if self is lock and not replaced:
+        if self in locks and not replaced:
             replaced.append(new.consume())  # the replacement takes over while this one is stopped
             replaced.append(len(ring.snapshot()))
             before[:] = [ring.snapshot()]
@@ -515,7 +515,7 @@ def test_a_consumer_stopped_between_its_check_and_the_lock_changes_nothing(
 
     before: list[object] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(lock), "__enter__", stopped_at_the_lock)
+        patch.setattr(type(locks[0]), "__enter__", stopped_at_the_lock)
         if call == "release":
             old.release(held)  # the fence held at the call's start; under the lock it does not
         else:
