@@ -319,31 +319,92 @@ class HostRing:
 
     # ------------------------------------------------------------ records
 
-    def commit(self, r: HostRange) -> int:
+    def commit(self, r: HostRange, *, finishes: HostRange | None = None) -> int:
         """Hand a filled reservation to the consumer: it becomes the record with the ring's next
         sequence number (0, 1, 2, ... in commit order), and nobody's until `take` gives it out.
 
         Args:
             r: a whole unreleased reservation of this ring (not part of one), no copy pending on it.
+            finishes: a record this process took from another ring (of the same kind) that `r`
+                is the output of. The commit then releases it too, in the same step (RING-7):
+                each input record gets at most one output. On shared rings a crash
+                between the two halves is recovered as one: the input, delivered again, is known
+                finished (`finished`), and committing an output for it again commits nothing.
+                Its bytes must all be unreleased (upload it with `release=False`).
 
         Returns:
-            The record's sequence number.
+            The record's sequence number (with `finishes`: that of the output that finished it,
+            an earlier one when it was finished before a crash).
 
         Raises:
             RangeError: RING-4 when `r` is not one whole unreleased reservation, or is a record
-                already; RING-3 while a copy into or from it is pending.
+                already; RING-7 when `finishes` is not a whole record this consumer took with
+                every byte unreleased; RING-3 while a copy into or from either is pending.
             OutputNotReadyError: D2H-3 when an output copy into it failed.
-            StaleHandleError: GEN-2 on a consumer that a newer one replaced.
+            StaleHandleError: GEN-2 on a consumer that a newer one replaced (of either ring).
+            InvalidArgumentError: ARG-1 when `finishes` is not a record of another ring of this
+                kind, or this ring's outputs finish another ring's records.
         Nothing changes when it raises."""
+        if finishes is not None:
+            return self._commit_finishing(r, finishes)
         with self._lock:
+            return self._commit_locked(*self._check_commit(r))
+
+    def _commit_locked(self, start: int, end: int) -> int:  # the lock held, the commit checked
+        record = _Record(start, end, self._next_seq)
+        self._next_seq += 1
+        self._records[start] = record
+        insort(self._record_starts, start)
+        self._ready.append(record)
+        self._committed.notify_all()
+        return record.seq
+
+    def _commit_finishing(self, r: HostRange, finishes: HostRange) -> int:
+        source = self._source_of(finishes)
+        first, second = sorted((source, self), key=id)  # one order for every pair: no deadlock
+        with first._lock, second._lock:
             start, end = self._check_commit(r)
-            record = _Record(start, end, self._next_seq)
-            self._next_seq += 1
-            self._records[start] = record
-            insort(self._record_starts, start)
-            self._ready.append(record)
-            self._committed.notify_all()
-            return record.seq
+            record = source._check_finishable(finishes)
+            seq = self._commit_locked(start, end)
+            source._cut_span(record.start, record.end)  # the input record goes with the same lock held
+            return seq
+
+    def _source_of(self, finishes: object) -> HostRing:
+        """The ring a record this ring's output finishes came from (ARG-1 for anything else)."""
+        source = finishes.ring if isinstance(finishes, HostRange) and finishes.seq is not None else None
+        if source is None or type(source) is not type(self) or source is self:
+            raise InvalidArgumentError(
+                "ARG-1", f"an output finishes a record taken from another ring of its kind, got {short(finishes)}"
+            )
+        return source
+
+    def _check_finishable(self, r: HostRange) -> _Record:  # the lock held
+        """The record `r` when an output may finish it: a whole record this consumer took, every
+        byte unreleased, no copy pending on it."""
+        self._check_live(r, "RING-7")
+        record = self._records.get(r.start)
+        if record is None or record.seq != r.seq or not record.taken or record.end != r.end:
+            raise RangeError("RING-7", f"host bytes {_fmt(r)} are not a whole record this consumer took")
+        i = bisect_right(self._starts, r.start) - 1
+        if not (i >= 0 and self._starts[i] == r.start and self._ends[i] == r.end):
+            raise RangeError(
+                "RING-7", f"bytes of record {_fmt(r)} were released: the output's commit releases a record it finishes"
+            )
+        if _overlaps(self._reads, r) or _overlaps(self._writes, r):
+            raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
+        return record
+
+    def finished(self, r: HostRange) -> int | None:
+        """The sequence number of this ring's output that finished record `r` (see `commit`'s
+        `finishes`), or None. In one process a finished record is released in the same step and
+        never delivered again, so this is None; on shared rings, a record delivered again after a
+        crash between the two halves is known here. A worker asks it of each record it takes
+        with `r.redelivered`, and releases instead of redoing one that is finished.
+
+        Raises:
+            InvalidArgumentError: ARG-1 when `r` is not a record taken from another ring of this kind."""
+        self._source_of(r)
+        return None
 
     def take(self, timeout: float | None = None) -> HostRange:
         """The next committed record, in sequence order: first those a previous consumer took and

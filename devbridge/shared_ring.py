@@ -37,10 +37,10 @@ from devbridge.segment import Segment, alive, this_process
 from devbridge.spec.ring import load_ring
 
 _MAGIC = 0x474E495242564544  # "DEVBRING"
-_LAYOUT = 1
+_LAYOUT = 2
 (_H_MAGIC, _H_LAYOUT, _H_CAPACITY, _H_SLOTS, _H_DATA, _H_COUNT, _H_TAIL, _H_NEXT_SEQ, _H_TAKE_SEQ,
  _H_GENERATION, _H_CONSUMER_PID, _H_CONSUMER_START, _H_REDELIVER_UNTIL, _H_RECLAIMED, _H_COMMITS,
- _H_RELEASES, _H_REDELIVERED, _H_TAKE_SLEEPERS, _H_RESERVE_SLEEPERS) = range(19)  # fmt: skip
+ _H_RELEASES, _H_REDELIVERED, _H_TAKE_SLEEPERS, _H_RESERVE_SLEEPERS, _H_ID, _H_SOURCE) = range(21)  # fmt: skip
 #: The futex word each waiter sleeps on, and the flag that says someone does (a wake only then).
 _SLEEPERS = {_H_COMMITS: _H_TAKE_SLEEPERS, _H_RELEASES: _H_RESERVE_SLEEPERS}
 _HEADER_WORDS = 32
@@ -72,12 +72,14 @@ def _check_word(start: int, nbytes: int, pid: int, pstart: int) -> int:
     return (start * 0x9E3779B97F4A7C15 ^ nbytes * 0xC2B2AE3D27D4EB4F ^ pid * 0x165667B1 ^ pstart ^ _MAGIC) & (_BIG - 1)
 
 
-def _layout(capacity: int, slots: int) -> tuple[int, int, int]:
-    """Word offsets of the commit table and the slot table, and the data's byte offset (a page)."""
+def _layout(capacity: int, slots: int) -> tuple[int, int, int, int]:
+    """Word offsets of the commit table, the slot table and the source table (the input record
+    each output finished, by output sequence number), and the data's byte offset (a page)."""
     commits = _HEADER_WORDS
     table = commits + slots
-    data = -(-(table + slots * _SLOT_WORDS) * 8 // 4096) * 4096
-    return commits, table, data
+    sources = table + slots * _SLOT_WORDS
+    data = -(-(sources + slots) * 8 // 4096) * 4096
+    return commits, table, sources, data
 
 
 class SharedRing(HostRing):
@@ -90,7 +92,7 @@ class SharedRing(HostRing):
     def __init__(self, segment: Segment, capacity: int, slots: int) -> None:
         self._segment = segment
         self._slots = slots
-        self._commits_at, self._table_at, data = _layout(capacity, slots)
+        self._commits_at, self._table_at, self._sources_at, data = _layout(capacity, slots)
         words = memoryview(segment.map)
         self._words = words[:data].cast("q")
         self._closed = False
@@ -101,6 +103,7 @@ class SharedRing(HostRing):
         self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
         # the fixed fields of reservations (by number: never reused) once checked
         self._fixed: dict[int, tuple[int, int, int, int]] = {}
+        self._ring_id = self._words[_H_ID]  # (checked by `_attach`)
         self._setup(capacity, words[data : data + capacity])
         # The segment's lock: after the ring's (every use here holds that first), or alone
         # where the ring's is held already.
@@ -118,10 +121,11 @@ class SharedRing(HostRing):
         slots = as_count(records)
         if slots is None or not 0 < slots <= MAX_SLOTS:
             raise InvalidArgumentError("ARG-1", f"records must be an int in [1, 2**20], got {short(records)}")
-        _, _, data = _layout(size, slots)
+        data = _layout(size, slots)[3]
         segment = Segment.create(name, data + size)
         words = memoryview(segment.map)[:data].cast("q")
         words[_H_LAYOUT], words[_H_CAPACITY], words[_H_SLOTS], words[_H_DATA] = _LAYOUT, size, slots, data
+        words[_H_ID] = int.from_bytes(os.urandom(8), "little") % (_BIG - 1) + 1  # names a ring to another
         words[_H_MAGIC] = _MAGIC  # last: a half-made segment is no ring
         words.release()
         return cls(segment, size, slots)
@@ -132,13 +136,16 @@ class SharedRing(HostRing):
         try:
             words = memoryview(segment.map)[: _HEADER_WORDS * 8].cast("q")
             magic, layout, size, slots, data = (words[i] for i in range(5))
+            ring_id = words[_H_ID]
             words.release()
             if magic != _MAGIC:
                 raise RingCorruptError("SHM-1", f"{name!r} is not a devbridge ring")
             if layout != _LAYOUT:
                 raise RingCorruptError("SHM-1", f"{name!r} has ring layout {layout}; this devbridge reads {_LAYOUT}")
-            if not (0 < size <= MAX_CAPACITY and 0 < slots <= MAX_SLOTS and data == _layout(size, slots)[2]):
+            if not (0 < size <= MAX_CAPACITY and 0 < slots <= MAX_SLOTS and data == _layout(size, slots)[3]):
                 raise RingCorruptError("SHM-1", f"{name!r}'s header holds no ring's sizes")
+            if not 0 < ring_id < _BIG:
+                raise RingCorruptError("SHM-1", f"{name!r}'s header holds no ring's identity")
             if segment.size != data + size:
                 raise RingCorruptError(
                     "SHM-1", f"{name!r} is {segment.size} B, not the {data + size} B its header says"
@@ -402,29 +409,116 @@ class SharedRing(HostRing):
         front = self.capacity - (head + self.capacity - pos - oldest)
         return max(tail_room, front, 0)
 
-    def commit(self, r: HostRange) -> int:
+    def commit(self, r: HostRange, *, finishes: HostRange | None = None) -> int:
+        if finishes is not None:
+            return self._commit_finishing(r, finishes)
         with self._lock:
             start, _ = self._check_commit(r)
             record = self._records[start]
             with self._shared:
                 self._check_fence()
-                seq = self._word(_H_NEXT_SEQ)
-                base = self._table_at + (record.slot % self._slots) * _SLOT_WORDS
-                slot_start, _, pid, pstart = self._fixed_fields(record.slot)
-                if slot_start != start or (pid, pstart) != self._me():
-                    raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {_fmt(r)} holds another range")
-                if self._state(record.slot) != _RESERVED:  # the ring took this process for dead and reclaimed it
-                    raise RangeError("RING-4", f"host bytes {_fmt(r)} were reclaimed, no longer this process's")
-                self._words[base + _S_SEQ] = seq
-                self._words[self._commits_at + seq % self._slots] = record.slot
-                self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on
+                self._check_own(record)
+                seq = self._commit_words(record, 0)
                 wake = self._bump(_H_COMMITS)
             if wake:
                 self._wake(_H_COMMITS)
-            del self._records[start]
-            self._record_starts.remove(start)
-            self._cut_local(start, record.end)
+            self._forget(record)
             return seq
+
+    def _check_own(self, record: _Record) -> None:  # the segment locked
+        """This process's reservation `record` is still its own and live in the segment."""
+        slot_start, _, pid, pstart = self._fixed_fields(record.slot)
+        span = f"[{record.start}, {record.end})"
+        if slot_start != record.start or (pid, pstart) != self._me():
+            raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {span} holds another range")
+        if self._state(record.slot) != _RESERVED:  # the ring took this process for dead and reclaimed it
+            raise RangeError("RING-4", f"host bytes {span} were reclaimed, no longer this process's")
+
+    def _commit_words(self, record: _Record, source: int) -> int:  # the segment locked, the record checked
+        """Commit reservation `record` in the segment, as the output of input record `source - 1`
+        (0: of none); its sequence number."""
+        seq = self._word(_H_NEXT_SEQ)
+        self._words[self._table_at + (record.slot % self._slots) * _SLOT_WORDS + _S_SEQ] = seq
+        self._words[self._commits_at + seq % self._slots] = record.slot
+        self._words[self._sources_at + seq % self._slots] = source
+        self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on
+        return seq
+
+    def _forget(self, record: _Record) -> None:  # the lock held
+        """This process's record (a reservation committed, or a record released whole in the
+        segment) is no longer its to track."""
+        del self._records[record.start]
+        self._record_starts.remove(record.start)
+        self._cut_local(record.start, record.end)
+
+    # ------------------------------------------------------------ outputs that finish inputs
+
+    def _source_of(self, finishes: object) -> SharedRing:
+        source = super()._source_of(finishes)
+        assert isinstance(source, SharedRing)
+        if source._ring_id == self._ring_id:
+            raise InvalidArgumentError("ARG-1", f"an output of ring {self.name!r} finishes a record of its own")
+        return source
+
+    def _commit_finishing(self, r: HostRange, finishes: HostRange) -> int:
+        source = self._source_of(finishes)
+        # one order for every pair of rings in every process: two such commits never deadlock
+        first, second = sorted((source, self), key=lambda ring: ring._ring_id)
+        with first._lock, second._lock:
+            start, _ = self._check_commit(r)
+            output, taken = self._records[start], source._check_finishable(finishes)
+            with first._shared, second._shared:
+                source._check_fence()
+                self._check_fence()
+                self._check_own(output)
+                slot_start, _, _, _, slot_seq, state = source._slot(taken.slot)
+                if (slot_start, slot_seq, state) != (taken.start, taken.seq, _RESERVED):
+                    raise RingCorruptError("SHM-1", f"ring {source.name!r}: the slot of {_fmt(finishes)} holds another")
+                bound = self._word(_H_SOURCE)
+                if bound not in (0, source._ring_id):
+                    raise InvalidArgumentError("ARG-1", f"ring {self.name!r}'s outputs finish another ring's records")
+                done = self._finished_at(taken.seq) if bound else None
+                # Every word is checked: now the writes. The output's commit first (its last word is
+                # the commit point), then the input's release (its state word): a crash between the
+                # two leaves the input to be delivered again, and known finished by `done`.
+                if not bound:
+                    self._words[_H_SOURCE] = source._ring_id
+                if done is None:
+                    seq, wake_out = self._commit_words(output, taken.seq + 1), self._bump(_H_COMMITS)
+                else:  # finished before a crash: this output is not committed again, its bytes go back
+                    seq, wake_out = done, self._release_slot(output.slot)
+                wake_in = source._release_slot(taken.slot)
+            if wake_out:
+                self._wake(_H_COMMITS if done is None else _H_RELEASES)
+            if wake_in:
+                source._wake(_H_RELEASES)
+            self._forget(output)
+            source._forget(taken)
+            return seq
+
+    def _release_slot(self, index: int) -> bool:  # the segment locked
+        """Release reservation `index` in the segment (its state word is the release); True when a
+        waiter is to be woken."""
+        tail = self._live_window(index)[0]
+        self._set_state(index, _RELEASED)  # released from here on
+        self._words[_H_TAIL] = tail
+        return self._bump(_H_RELEASES)
+
+    def _finished_at(self, seq: int) -> int | None:  # the segment locked
+        """The output that finished input record `seq`: one of the last `slots - 1` committed (the
+        source entry of the oldest may be the one a commit that died was writing)."""
+        next_seq = self._word(_H_NEXT_SEQ)
+        for out in range(next_seq - 1, max(next_seq - self._slots, -1), -1):
+            if self._words[self._sources_at + out % self._slots] == seq + 1:
+                return out
+        return None
+
+    def finished(self, r: HostRange) -> int | None:
+        source = self._source_of(r)
+        if self._closed or self._forks != _forks:
+            self._check_open()
+        with self._lock, self._shared:
+            return self._finished_at(r.seq) if self._word(_H_SOURCE) == source._ring_id else None  # type: ignore[arg-type]
 
     def _check_commit(self, r: HostRange) -> Span:  # the lock held
         # The usual case first: a whole reservation of this process, no copy pending anywhere.
@@ -579,10 +673,7 @@ class SharedRing(HostRing):
             start, *_ = self._slot(record.slot)
             if start != record.start:
                 raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of [{record.start}, ...) holds another")
-            tail = self._live_window(record.slot)[0]
-            self._set_state(record.slot, _RELEASED)  # released from here on
-            self._words[_H_TAIL] = tail
-            wake = self._bump(_H_RELEASES)
+            wake = self._release_slot(record.slot)
         if wake:
             self._wake(_H_RELEASES)
 

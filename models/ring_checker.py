@@ -49,21 +49,29 @@ class Crash(BaseException):
     """The process making a call dies here (a BaseException: no `except Exception` catches it)."""
 
 
-class _Words:
-    """A segment's words that count the writes made through them and die at the `crash_at`-th."""
+class _Writes:
+    """The word writes of one process's call, into any segment: it dies at the `crash_at`-th."""
 
-    def __init__(self, words: memoryview) -> None:
-        self.words = words
+    def __init__(self) -> None:
         self.writes = 0
         self.crash_at: int | None = None
+
+
+class _Words:
+    """A segment's words that count the writes a process makes through them (`_Writes`)."""
+
+    def __init__(self, words: memoryview, count: _Writes) -> None:
+        self.words = words
+        self.count = count
 
     def __getitem__(self, i: Any) -> Any:
         return self.words[i]
 
     def __setitem__(self, i: Any, value: Any) -> None:
-        if self.crash_at is not None and self.writes == self.crash_at:
+        count = self.count
+        if count.crash_at is not None and count.writes == count.crash_at:
             raise Crash
-        self.writes += 1
+        count.writes += 1
         self.words[i] = value
 
     def release(self) -> None:
@@ -81,6 +89,7 @@ class RingBound:
     depth: int = 7  # actions per path
     capacity: int = 32  # ring bytes: small enough to wrap
     slots: int = 4  # live reservations at once
+    finishes: bool = False  # consumers may also finish a record: commit its output to a second ring
 
     def __post_init__(self) -> None:
         if min(self.producers, self.records, self.depth, self.slots) < 1 or min(self.restarts, self.crashes) < 0:
@@ -89,8 +98,13 @@ class RingBound:
             raise ValueError(f"the ring must hold a record of {SIZE} B: {self}")
 
 
-#: Named bounds: `ci` is the one the test suite runs.
-RING_PROFILES = {"ci": RingBound(), "small": RingBound(producers=1, records=2, restarts=1, crashes=1, depth=5)}
+#: Named bounds: the test suite runs `ci` (the protocol: rings that fill and wrap) and `finish`
+#: (outputs that finish their records, RING-7, into a ring that fills).
+RING_PROFILES = {
+    "ci": RingBound(),
+    "finish": RingBound(records=1, capacity=16, slots=2, finishes=True),
+    "small": RingBound(producers=1, records=2, restarts=1, crashes=1, depth=5, finishes=True),
+}
 
 
 @dataclass
@@ -125,6 +139,11 @@ def _pattern(producer: int, index: int) -> bytes:
     return bytes([producer * 16 + index]) * SIZE
 
 
+def _output(seq: int) -> bytes:
+    """The output of input record `seq`."""
+    return bytes([0x80 | seq]) * SIZE
+
+
 class _World:
     """One path's ring, actors and reference, built by applying actions in order."""
 
@@ -135,6 +154,14 @@ class _World:
         assert isinstance(ring, SharedRing)
         self.ring = ring
         ring.alive = self._alive
+        # the consumers' outputs, each finishing the record it was made from (RING-7)
+        self.out_name = f"{self.name}-out"
+        outputs = HostRing.create(self.out_name, bound.capacity, records=bound.slots)
+        assert isinstance(outputs, SharedRing)
+        self.outputs = outputs
+        outputs.alive = self._alive
+        self.consumer_outs: list[SharedRing | None] = []
+        self.output_of: dict[int, int] = {}  # the reference: input seq -> the output that finished it
         self.producers: list[SharedRing | None] = []
         self.reserved: list[HostRange | None] = []
         self.made = [0] * bound.producers
@@ -156,27 +183,29 @@ class _World:
         self._new_consumer(crash_at=None)
 
     def close(self) -> None:
-        for attached in [self.ring, *self.producers, *self.consumers]:
+        for attached in [self.ring, self.outputs, *self.producers, *self.consumers, *self.consumer_outs]:
             if attached is not None:
                 _bury(attached)
         os.unlink(os.path.join(SHM_DIR, self.name))
+        os.unlink(os.path.join(SHM_DIR, self.out_name))
 
-    def _attach(self, who: int) -> SharedRing:
-        attached = HostRing.attach(self.name)
+    def _attach(self, who: int, name: str | None = None, count: _Writes | None = None) -> SharedRing:
+        attached = HostRing.attach(name or self.name)
         assert isinstance(attached, SharedRing)
         attached.process = (_FAKE_PID + who, 1)
         attached.alive = self._alive
-        attached._words = _Words(attached._words)  # type: ignore[assignment]
+        attached._words = _Words(attached._words, count or _Writes())  # type: ignore[assignment]
         return attached
 
     def _alive(self, pid: int, started: int) -> bool:
         """The checker's processes: dead once crashed."""
         return (pid, started) not in _dead(self)
 
-    def _words(self) -> bytes:
-        words = self.ring._words
-        raw = bytearray(words.cast("B"))  # the futex counters change on every wake: not state
-        for i in (*shared_ring._SLEEPERS, *shared_ring._SLEEPERS.values()):
+    def _words(self, ring: SharedRing | None = None) -> bytes:
+        words = (ring or self.ring)._words
+        raw = bytearray(words.cast("B"))  # the futex counters change on every wake: not state,
+        # nor is a ring's identity (random, made anew by each replay), nor the one it is bound to
+        for i in (*shared_ring._SLEEPERS, *shared_ring._SLEEPERS.values(), shared_ring._H_ID, shared_ring._H_SOURCE):
             raw[i * 8 : i * 8 + 8] = bytes(8)
         return bytes(raw)
 
@@ -197,6 +226,8 @@ class _World:
             yield ("take", c)
             for seq in sorted(self.held[c]):
                 yield ("release", c, seq)
+                if b.finishes:
+                    yield ("finish", c, seq)
         if len(self.consumers) <= b.restarts:
             yield ("consume",)
         if any(p is None and r is not None for p, r in zip(self.producers, self.reserved, strict=True)):
@@ -217,6 +248,8 @@ class _World:
             self._take(action[1], crash_at)
         elif kind == "release":
             self._release(action[1], action[2], crash_at)
+        elif kind == "finish":
+            self._finish(action[1], action[2], crash_at)
         elif kind == "consume":
             self._new_consumer(crash_at)
         elif kind == "reclaim":
@@ -227,14 +260,15 @@ class _World:
     def _call(self, attached: SharedRing, crash_at: int | None) -> Iterator[None]:
         words = attached._words
         assert isinstance(words, _Words)
-        words.writes, words.crash_at = 0, crash_at
+        count = words.count  # (the process's writes into every segment it attached)
+        count.writes, count.crash_at = 0, crash_at
         try:
             yield
-            if crash_at is not None and crash_at == words.writes:
+            if crash_at is not None and crash_at == count.writes:
                 raise Crash  # after its last write, before it returned
         finally:
-            self.last_writes = words.writes
-            words.crash_at = None
+            self.last_writes = count.writes
+            count.crash_at = None
 
     def _reserve(self, p: int, crash_at: int | None) -> None:
         attached = self.producers[p]
@@ -348,10 +382,86 @@ class _World:
         del self.held[c][seq]
         self._move(r.start, "release")
 
+    def _finish(self, c: int, seq: int, crash_at: int | None) -> None:
+        """Consumer `c` makes the output of record `seq` and commits it finishing the record."""
+        attached, out = self.consumers[c], self.consumer_outs[c]
+        assert attached is not None and out is not None
+        r = self.held[c][seq]
+        fenced = c != self.live
+        before, out_seq = self._words(), self.outputs._words[shared_ring._H_NEXT_SEQ]
+        live = self._slot_state(r.start) == shared_ring._RESERVED
+        try:
+            with self._call(attached, crash_at):
+                o = out.reserve(SIZE)
+                out.write(o, _output(seq))
+                got = out.commit(o, finishes=r)
+        except Crash:
+            self._consumer_died(c)
+            committed = self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq
+            released = live and self._slot_state(r.start) != shared_ring._RESERVED
+            if fenced and (committed or released):
+                raise _Broken("GEN-2", f"a fenced consumer's finish of record {seq} changed a ring") from None
+            if committed:
+                self._output_committed(seq, out_seq)
+            if released:
+                if seq not in self.output_of:
+                    raise _Broken("RING-7", f"record {seq} was released by its finish, no output committed") from None
+                self.released.add(seq)
+                self._move(r.start, "finish")
+            return
+        except StaleHandleError as e:
+            if not fenced or e.rule != "GEN-2":
+                raise _Broken("GEN-2", f"the live consumer's finish was refused: {e}") from e
+            if self._words() != before or self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
+                raise _Broken("GEN-2", "a fenced consumer's refused finish changed a ring") from e
+            return
+        except BridgeError:
+            return  # the output ring is full: nothing reserved
+        if fenced:
+            raise _Broken("GEN-2", f"a fenced consumer's finish of record {seq} was accepted")
+        if seq in self.output_of:  # finished before a crash: nothing committed again
+            if got != self.output_of[seq] or self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
+                raise _Broken("RING-7", f"record {seq}, finished by output {self.output_of[seq]}, got output {got}")
+        else:
+            if got != out_seq:
+                raise _Broken("RING-4", f"output number {out_seq} got sequence number {got}")
+            self._output_committed(seq, got)
+        if seq in self.released:
+            raise _Broken("RING-5", f"record {seq} was released twice")
+        self.released.add(seq)
+        del self.held[c][seq]
+        self._move(r.start, "finish")
+
+    def _output_committed(self, seq: int, out: int) -> None:
+        if seq in self.output_of:
+            raise _Broken("RING-7", f"record {seq} has two outputs: {self.output_of[seq]} and {out}")
+        self.output_of[seq] = out
+
+    def _collect(self) -> None:
+        """The collector: every output committed, each of a different input, as the reference says."""
+        collector = self.outputs
+        collector.consume()
+        got: dict[int, int] = {}
+        while True:
+            try:
+                o = collector.take(timeout=0)
+            except WaitTimeoutError:
+                break
+            seq = bytes(collector.view(o))[0] & 0x7F
+            if seq in got:
+                raise _Broken("RING-7", f"the collector got two outputs of record {seq}: {got[seq]} and {o.seq}")
+            got[seq] = o.start
+            collector.release(o)
+        if set(got) != set(self.output_of):
+            raise _Broken("RING-7", f"the collector got outputs {got}; the records finished are {self.output_of}")
+
     def _new_consumer(self, crash_at: int | None) -> None:
         c = len(self.consumers)
         attached = self._attach(self.bound.producers + c)
         self.consumers.append(attached)
+        words = attached._words
+        assert isinstance(words, _Words)
+        self.consumer_outs.append(self._attach(self.bound.producers + c, self.out_name, words.count))
         self.held.append({})
         before = self.ring._words[shared_ring._H_GENERATION]
         try:
@@ -398,10 +508,11 @@ class _World:
                 self._move(start, "reclaim")
 
     def _consumer_died(self, c: int) -> None:
-        attached = self.consumers[c]
-        assert attached is not None
+        attached, out = self.consumers[c], self.consumer_outs[c]
+        assert attached is not None and out is not None
         _bury(attached)
-        self.consumers[c] = None
+        _bury(out)
+        self.consumers[c] = self.consumer_outs[c] = None
         self.held[c] = {}
         if self.live == c:
             self.live = None
@@ -439,9 +550,11 @@ class _World:
         """The end of a path: the live consumer (or a new one) gets every record due, exactly;
         dead producers' reservations are reclaimed; the cursor reaches the head."""
         if self.live is None:
-            self.consumers.append(self._attach(self.bound.producers + len(self.consumers)))
+            c = len(self.consumers)
+            self.consumers.append(self._attach(self.bound.producers + c))
+            self.consumer_outs.append(self._attach(self.bound.producers + c, self.out_name))
             self.held.append({})
-            self.live = len(self.consumers) - 1
+            self.live = c
             consumer = self.consumers[-1]
             assert consumer is not None
             self.generation = consumer.consume()
@@ -463,6 +576,14 @@ class _World:
         self._check_state()
         if self.ring.cursor != self.ring.head:
             raise _Broken("RING-6", f"after the drain the cursor stays at {self.ring.cursor}, head {self.ring.head}")
+        for out in self.consumer_outs:  # outputs a fenced consumer reserved and could not commit
+            if out is not None:
+                for r in out.unreleased():
+                    out.release(r)
+        self._collect()
+        self.outputs.reclaim()
+        if self.outputs.cursor != self.outputs.head:
+            raise _Broken("RING-6", f"after the drain the outputs' cursor stays at {self.outputs.cursor}")
 
 
 def _bury(attached: SharedRing) -> None:
@@ -475,7 +596,14 @@ def _bury(attached: SharedRing) -> None:
 _FAKE_PID = 1 << 30  # identities no process has
 RECORDS = load_ring()
 #: The rule a move the spec does not allow breaks, by its event.
-_RULE_OF = {"commit": "RING-4", "take": "RING-4", "release": "RING-5", "redeliver": "RING-5", "reclaim": "RING-6"}
+_RULE_OF = {
+    "commit": "RING-4",
+    "take": "RING-4",
+    "release": "RING-5",
+    "redeliver": "RING-5",
+    "reclaim": "RING-6",
+    "finish": "RING-7",
+}
 _names = itertools.count()
 
 
@@ -488,6 +616,8 @@ def _dead(world: _World) -> set[tuple[int, int]]:
 def _key(world: _World) -> tuple[object, ...]:
     return (
         world._words(),
+        world._words(world.outputs),
+        tuple(sorted(world.output_of.items())),
         tuple(
             (a is None, r.start if r else None, m)
             for a, r, m in zip(world.producers, world.reserved, world.made, strict=True)

@@ -149,4 +149,4 @@ def test_check_runs_the_ring_protocol_checker(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ring bound: RingBound(producers=1, records=2")
-    assert lines[1].endswith("record transitions covered: 6 of 6")
+    assert lines[1].endswith("record transitions covered: 7 of 7")

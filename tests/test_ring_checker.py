@@ -18,17 +18,26 @@ from devbridge.shared_ring import SharedRing
 from devbridge.spec import SpecError
 from devbridge.spec.ring import RING_SPEC_PATH, load_ring, parse_ring
 
+FINISH = ("taken", "finish")
 
-@pytest.mark.holds("RING-1", "RING-4", "RING-5", "RING-6", "GEN-2")
-def test_the_ring_protocol_holds_with_a_crash_possible_at_every_step() -> None:
-    bound = RING_PROFILES["ci"]
+
+@pytest.mark.holds("RING-1", "RING-4", "RING-5", "RING-6", "RING-7", "GEN-2")
+@pytest.mark.parametrize("profile", ["ci", "finish"])
+def test_the_ring_protocol_holds_with_a_crash_possible_at_every_step(profile: str) -> None:
+    bound = RING_PROFILES[profile]
     assert (bound.producers, bound.restarts, bound.crashes) == (2, 1, 2)
     result = check_ring(bound)
     assert result.violation is None, str(result.violation)
     assert result.states >= 5000 and result.paths > 100
-    assert result.actions == {"reserve", "commit", "take", "release", "consume", "reclaim"}
-    # the reference moved along every transition of spec/ring.toml, and only along those
-    assert result.transitions == {(t.source, t.event) for t in load_ring().transitions}
+    every = {(t.source, t.event) for t in load_ring().transitions}
+    # the reference moved along the transitions of spec/ring.toml, and only along those: `ci`
+    # along every one but the finish (its consumers only release), `finish` along that too
+    if profile == "ci":
+        assert result.actions == {"reserve", "commit", "take", "release", "consume", "reclaim"}
+        assert result.transitions == every - {FINISH}
+    else:
+        assert result.actions == {"reserve", "commit", "take", "release", "finish", "consume", "reclaim"}
+        assert FINISH in result.transitions and result.transitions <= every
 
 
 def _skip_one_on_redelivery(self: SharedRing) -> tuple[int, int]:
@@ -60,11 +69,31 @@ def _release_fenced_too(self: SharedRing, r: HostRange) -> None:
         self._consumer = consumer
 
 
+def _release_then_commit(self: SharedRing, r: HostRange, finishes: HostRange) -> int:
+    """The two halves in the wrong order, as two steps: the input's release, then the output."""
+    finishes.ring.release(finishes)
+    return self.commit(r)
+
+
+def _forget_what_was_finished(self: SharedRing, seq: int) -> None:
+    return None
+
+
 _ORIGINAL: dict[str, Callable[..., Any]] = {"_rewind": SharedRing._rewind}
 SEEDED = {
-    "a redelivery that skips a record": ({"_rewind": _skip_one_on_redelivery}, "RING-5"),
-    "a reclaim of a committed range": ({"_reclaim_dead": _reclaim_committed_too}, "RING-6"),
-    "a fenced consumer's release accepted": ({"release": _release_fenced_too}, "GEN-2"),
+    "a redelivery that skips a record": ({"_rewind": _skip_one_on_redelivery}, "ci", "RING-5"),
+    "a reclaim of a committed range": ({"_reclaim_dead": _reclaim_committed_too}, "ci", "RING-6"),
+    "a fenced consumer's release accepted": ({"release": _release_fenced_too}, "ci", "GEN-2"),
+    "an input released before its output is committed": (
+        {"_commit_finishing": _release_then_commit},
+        "finish",
+        "RING-7",
+    ),
+    "a record finished before a crash finished again": (
+        {"_finished_at": _forget_what_was_finished},
+        "finish",
+        "RING-7",
+    ),
 }
 
 
@@ -85,9 +114,9 @@ def seeded(patches: dict[str, Callable[..., Any]]) -> Iterator[None]:
 
 @pytest.mark.parametrize("bug", sorted(SEEDED))
 def test_each_seeded_protocol_bug_is_caught_by_the_rule_it_breaks(bug: str) -> None:
-    patches, rule = SEEDED[bug]
+    patches, profile, rule = SEEDED[bug]
     with seeded(patches):
-        result = check_ring(RING_PROFILES["ci"])
+        result = check_ring(RING_PROFILES[profile])
     assert result.violation is not None, f"{bug}: not caught in {result.states} states"
     assert result.violation.rule == rule, str(result.violation)
     assert result.violation.path  # a path of actions that leads to it, shortest first
