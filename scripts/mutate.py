@@ -63,6 +63,8 @@ FILES = (
     "devbridge/waiting.py",
     "devbridge/introspection.py",
     "devbridge/ring.py",
+    "devbridge/shared_ring.py",
+    "devbridge/segment.py",
     "devbridge/buffers.py",
     "devbridge/events.py",
     "devbridge/testing/fake.py",
