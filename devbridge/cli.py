@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from importlib import metadata
-from typing import Any
+from typing import Any, TextIO
 
 from devbridge.backends.base import Backend
 from devbridge.cli_args import (
@@ -255,12 +258,44 @@ def show(args: argparse.Namespace, report: Any, text: str, clean: bool) -> int:
     return 0 if clean else 1
 
 
+#: What a kernel compiler in a C library (clang, in pocl and in tinygrad's CPU device) prints.
+COMPILER_CHATTER = re.compile(rb"\d+ warnings? generated\.")
+
+
+@contextlib.contextmanager
+def without_compiler_chatter() -> Iterator[TextIO]:
+    """Kernel compilers in C libraries print their warning counts straight to file descriptor 2:
+    what reaches it while the block runs is held in a file and written back after it, less
+    those lines. The stream yielded writes to the real stderr at once (a progress bar)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            with os.fdopen(os.dup(saved), "w") as live:
+                yield live
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().splitlines(keepends=True):
+                if not COMPILER_CHATTER.fullmatch(line.rstrip(b"\r\n")):
+                    os.write(2, line)
+
+
 def run_demo_command(args: argparse.Namespace, backend: Backend) -> int:
+    shown = progress_bar(args) and not args.json  # (asked before stderr is held: is it a terminal)
+    with without_compiler_chatter() as stderr:
+        return _run_demo(args, backend, stderr, shown)
+
+
+def _run_demo(args: argparse.Namespace, backend: Backend, stderr: TextIO, shown: bool) -> int:
     from tqdm import tqdm
 
     from devbridge.apps.worker import WorkerStalled, run_demo
 
-    with tqdm(total=args.objects, unit=" objects", disable=not progress_bar(args) or args.json, leave=False) as bar:
+    with tqdm(total=args.objects, unit=" objects", disable=not shown, leave=False, file=stderr) as bar:
 
         def progress(done: int) -> None:
             bar.update(done - bar.n)

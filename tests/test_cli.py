@@ -4,6 +4,7 @@ with a timeout, from outside the checkout (the installed package, as a user has 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from devbridge.apps.example import run_example
 from devbridge.apps.worker import GIVE_UP_AFTER, WorkerStalled, run_demo
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import FakeBackend
+from devbridge.backends.tinygrad import TinygradBackend
 from devbridge.errors import InvalidArgumentError
 
 TIMEOUT_S = 60  # each of these ends in well under a second; a hang is what this catches
@@ -150,3 +152,32 @@ def test_check_runs_the_ring_protocol_checker(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ring bound: RingBound(producers=1, records=2")
     assert lines[1].endswith("record transitions covered: 7 of 7")
+
+
+def test_compiler_chatter_on_file_descriptor_2_is_dropped_and_the_rest_kept(capfd: pytest.CaptureFixture[str]) -> None:
+    from devbridge.cli import without_compiler_chatter
+
+    with without_compiler_chatter() as live:
+        os.write(2, b"1 warning generated.\nan error of our own\n12 warnings generated.\n")
+        live.write("a progress bar")
+        live.flush()
+        os.write(2, b"a warning of our own\n")
+    err = capfd.readouterr().err
+    assert err == "a progress bar" + "an error of our own\n" + "a warning of our own\n"  # (the bar at once)
+
+
+@pytest.mark.skipif(TinygradBackend("CL").unusable() is not None, reason="OpenCL does not open here")
+def test_the_demo_on_a_fresh_kernel_cache_prints_no_compiler_chatter(tmp_path: Path) -> None:
+    """pocl compiles each kernel with clang, which prints "1 warning generated." to fd 2; with
+    no kernel cache every kernel is compiled (a fresh machine, as CI's)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    run = subprocess.run(
+        [sys.executable, "-m", "devbridge", "demo", "--device", "CL", "--objects", "40", "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        env=env,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == b"" and run.stdout.startswith(b"backend tinygrad:CL: 40/40 objects")
