@@ -272,10 +272,6 @@ class SharedRing(HostRing):
             return True
         return False
 
-    def _bump_tail(self, tail: int) -> bool:
-        self._words[_H_TAIL] = tail
-        return self._bump(_H_RELEASES)
-
     def _wake(self, word: int) -> None:
         self._segment.wake(word * 8)
 
@@ -749,8 +745,10 @@ class SharedRing(HostRing):
             self._set_state(index, _RECLAIMED)  # each reclaimed from here on
         if dead:
             self._words[_H_RECLAIMED] = reclaimed
-        if moved != tail and self._bump_tail(moved):  # (also a tail a dead process left behind)
-            self._wake(_H_RELEASES)  # (under the lock: this is rare)
+        if moved != tail:  # (also a tail a dead process left behind)
+            self._words[_H_TAIL] = moved
+            if self._bump(_H_RELEASES):
+                self._wake(_H_RELEASES)  # (under the lock: this is rare)
         return len(dead)
 
     def stats(self) -> dict[str, int]:

@@ -290,7 +290,7 @@ def ring_section(report: dict[str, Any]) -> list[str]:
         "- Each shared call takes the segment's lock (`flock`, two system calls) and checks the words",
         "  it reads: reserve, write and commit cost a producer about 13 µs besides the copy, against",
         "  5 µs on an in-process ring (whose whole hand-over, both sides, is under 8 µs).",
-        "- At 64 KiB both processes are busy, and about half of their lock acquisitions find the",
+        "- At 64 KiB both processes are busy, and half to four fifths of their lock acquisitions find the",
         "  other holding it: some 4 µs per record on each side go to waiting for the lock.",
         "- At 1 MiB the consumer keeps up and sleeps on its futex after each record, so each commit",
         "  pays a wake-up: 8 to 10 µs of system call on this virtual machine (a cross-CPU interrupt).",

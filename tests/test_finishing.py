@@ -110,15 +110,21 @@ def test_a_worker_dying_between_the_two_halves_is_recovered_as_one(
         ring.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.rejects("GEN-2")
-def test_a_fenced_workers_finishing_commit_changes_neither_ring(shared: Callable[..., HostRing]) -> None:  # noqa: F811
-    inputs, outputs = shared(64), shared(64)
+def hung_worker(make: Callable[..., HostRing]) -> tuple[HostRing, ...]:
+    """Rings with input 0 committed, a worker consuming them (old_in, old_out), and the attachment
+    of its replacement (not consuming yet): inputs, outputs, old_in, old_out, new_in."""
+    inputs, outputs = make(64), make(64)
     committed(inputs, b"in-0")
     old_in, old_out = HostRing.attach(inputs.name), HostRing.attach(outputs.name)  # type: ignore[attr-defined]
     old_in.consume()
+    return inputs, outputs, old_in, old_out, HostRing.attach(inputs.name)  # type: ignore[attr-defined]
+
+
+@pytest.mark.rejects("GEN-2")
+def test_a_fenced_workers_finishing_commit_changes_neither_ring(shared: Callable[..., HostRing]) -> None:  # noqa: F811
+    inputs, outputs, old_in, old_out, new_in = hung_worker(shared)
     r0 = old_in.take(timeout=1)
     o = output(old_out, b"late")
-    new_in = HostRing.attach(inputs.name)  # type: ignore[attr-defined]
     new_in.consume()  # the hung worker's replacement
     before = (inputs.snapshot(), outputs.snapshot())
     with refused("GEN-2"):
@@ -216,13 +222,9 @@ def test_a_worker_replaced_while_it_waits_for_the_lock_finishes_nothing(
 ) -> None:
     """The hung worker passed its fence check and stopped before the segments' locks; its
     replacement took over meanwhile: under the locks it must find itself fenced."""
-    inputs, outputs = shared(64), shared(64)
-    committed(inputs, b"in-0")
-    old_in, old_out = HostRing.attach(inputs.name), HostRing.attach(outputs.name)  # type: ignore[attr-defined]
-    old_in.consume()
+    inputs, outputs, old_in, old_out, new_in = hung_worker(shared)
     r0 = old_in.take(timeout=1)
     o = output(old_out, b"late")
-    new_in = HostRing.attach(inputs.name)  # type: ignore[attr-defined]
     locks = (old_in._shared, old_out._shared)  # type: ignore[attr-defined]
     enter = type(locks[0]).__enter__
     before: list[object] = []
