@@ -385,8 +385,7 @@ class HostRing:
         record = self._records.get(r.start)
         if record is None or record.seq != r.seq or not record.taken or record.end != r.end:
             raise RangeError("RING-7", f"host bytes {_fmt(r)} are not a whole record this consumer took")
-        i = bisect_right(self._starts, r.start) - 1
-        if not (i >= 0 and self._starts[i] == r.start and self._ends[i] == r.end):
+        if not self._whole(r.start, r.end):
             raise RangeError(
                 "RING-7", f"bytes of record {_fmt(r)} were released: the output's commit releases a record it finishes"
             )
@@ -467,8 +466,7 @@ class HostRing:
         """The bytes of `r` when it may be committed (see `commit`)."""
         self._check_fence()
         self._check_live(r, "RING-4")
-        i = self._find(r)
-        if (self._starts[i], self._ends[i]) != (r.start, r.end):
+        if not self._whole(r.start, r.end):
             raise RangeError("RING-4", f"host bytes {_fmt(r)} are not one whole unreleased reservation")
         record = self._records.get(r.start)
         if record is not None and record.seq >= 0:
@@ -683,6 +681,11 @@ class HostRing:
     def _check_ring(self, r: HostRange) -> None:
         if not isinstance(r, HostRange) or r.ring is not self:
             raise RangeError("RANGE-1", f"{short(r)} is not a range of this ring")
+
+    def _whole(self, start: int, end: int) -> bool:  # the lock held
+        """Whether [start, end) is one whole unreleased span (nothing of it released, nothing beside)."""
+        i = bisect_right(self._starts, start) - 1
+        return i >= 0 and self._starts[i] == start and self._ends[i] == end
 
     def _find(self, r: HostRange) -> int:
         """Index of the unreleased span holding all of `r`, or -1."""

@@ -58,7 +58,6 @@ class Segment:
         # every page mapped now (MAP_POPULATE), not on a first write in the middle of a copy
         self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         self.size = size
-        self._locked = _Locked(fd, threading.Lock())
         self._words: dict[int, ctypes.c_uint32] = {}  # futex words by byte offset (they pin the map)
 
     @classmethod
@@ -114,16 +113,11 @@ class Segment:
         except FileNotFoundError:
             raise InvalidArgumentError("ARG-1", f"no shared-memory segment is named {name!r}") from None
 
-    def locked(self) -> _Locked:
-        """Hold the segment's lock (`with segment.locked():`): other threads of this process,
-        then other processes. The kernel drops a dead holder's `flock`, so a killed process
-        never keeps it."""
-        return self._locked
-
     def locked_after(self, thread_lock: threading.Lock | None) -> _Locked:
-        """The segment's lock taken after `thread_lock` (None: one the caller already holds),
-        for a caller whose every use of the segment holds that thread lock first: a `flock`
-        keeps other processes out, not other threads of this one."""
+        """The segment's lock (`with lock:`), taken after `thread_lock` (None: one the caller
+        already holds), for a caller whose every use of the segment holds that thread lock first:
+        a `flock` keeps other processes out, not other threads of this one. The kernel drops a
+        dead holder's `flock`, so a killed process never keeps it."""
         return _Locked(self._fd, thread_lock)
 
     def _word(self, offset: int) -> ctypes.c_uint32:

@@ -519,12 +519,10 @@ class SharedRing(HostRing):
     def _check_commit(self, r: HostRange) -> Span:  # the lock held
         # The usual case first: a whole reservation of this process, no copy pending anywhere.
         record = self._records.get(r.start) if type(r) is HostRange and r.ring is self else None
-        if record is not None and record.seq < 0 and not record.taken and record.end == r.start + r.nbytes:
-            i = bisect_right(self._starts, r.start) - 1
-            whole = i >= 0 and self._starts[i] == r.start and self._ends[i] == record.end
-            if whole and not (self._reads or self._writes or self._failed):
-                self._check_fence()
-                return r.start, record.end
+        usual = record is not None and record.seq < 0 and not record.taken and record.end == r.start + r.nbytes
+        if usual and self._whole(r.start, r.start + r.nbytes) and not (self._reads or self._writes or self._failed):
+            self._check_fence()
+            return r.start, r.start + r.nbytes
         span = super()._check_commit(r)
         # (every reservation of this process is a record here: the base class's test is moot)
         record = self._records.get(r.start)
