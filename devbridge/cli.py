@@ -122,6 +122,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--batch", type=at_least(1), default=1, help="objects per upload, compute and download (default 1)"
     )
+    demo.add_argument(
+        "--processes",
+        type=at_least(1),
+        default=0,
+        help="run as processes: P producer processes, a worker process per device, a collector process",
+    )
+    demo.add_argument(
+        "--kill-worker-every",
+        type=at_least(1),
+        default=0,
+        metavar="K",
+        help="with --processes: SIGKILL a worker each time K more objects are delivered (it is started again)",
+    )
+    demo.add_argument(
+        "--hang-worker-every",
+        type=at_least(1),
+        default=0,
+        metavar="K",
+        help="with --processes: SIGSTOP a worker each time K more objects are delivered, replace it, continue it",
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--trace", default=None, metavar="FILE", help="write a timeline (Chrome Trace JSON: Perfetto, chrome://tracing)"
@@ -189,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return usage_error(args.command, problem)
     if args.command == "fleet":
         return run_fleet_command(args)
+    if args.command == "demo" and (args.processes or args.kill_worker_every or args.hang_worker_every):
+        return run_processes_command(args)
     if args.command == "demo" and args.device is not None and "," in args.device:
         return run_devices_command(args)
     backend = open_backend(args)
@@ -334,6 +356,61 @@ def _run_demo(args: argparse.Namespace, backend: Backend, stderr: TextIO, shown:
         )
         if args.pins_report:
             print(f"pinned at the end: {len(s.pinned)} allocations", *s.pinned, sep="\n  ")
+    return 0 if clean else 1
+
+
+def run_processes_command(args: argparse.Namespace) -> int:
+    """`demo --processes P`: producers, workers and a collector as processes (worker.run_processes)."""
+    if not args.processes:
+        return usage_error("demo", "--kill-worker-every and --hang-worker-every need --processes")
+    if args.pins_report:
+        return usage_error("demo", "--pins-report reports a worker in this process: leave out --processes")
+    devices: list[str | None] = [None] if args.device is None else list(args.device.split(","))
+    if args.device is not None and (len(set(devices)) != len(devices) or not all(devices)):
+        return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
+    opened = [open_backend(args, device) for device in devices]  # each checked here, before any process
+    if any(backend is None for backend in opened):
+        return 2
+    from devbridge.apps.worker import backend_name
+
+    labels = [backend_name(backend) for backend in opened if backend is not None]
+    shown = progress_bar(args) and not args.json
+    with without_compiler_chatter() as stderr:  # (the children write to the stderr they inherit)
+        return _run_processes(args, devices, ", ".join(labels), stderr, shown)
+
+
+def _run_processes(args: argparse.Namespace, devices: list[str | None], label: str, stderr: TextIO, shown: bool) -> int:
+    from tqdm import tqdm
+
+    from devbridge.apps.worker.processes import run_processes
+
+    with tqdm(total=args.objects, unit=" objects", disable=not shown, leave=False, file=stderr) as bar:
+
+        def progress(done: int) -> None:
+            bar.update(done - bar.n)
+
+        s = run_processes(
+            args.objects, args.processes, args.backend, devices, args.faults, args.restart_every,
+            args.kill_worker_every, args.hang_worker_every, args.seed, args.batch, progress, trace=args.trace,
+        )  # fmt: skip
+    s.backend = label
+    clean = s.clean and s.repeated_inputs == s.malformed == 0 and not s.leftover_segments
+    if args.json:
+        print(json.dumps({**asdict(s), "clean": clean}))
+        return 0 if clean else 1
+    workers = f"{len(devices)} worker process{'es' if len(devices) > 1 else ''}"
+    print(
+        f"backend {s.backend}: {s.processes} producer process{'es' if s.processes > 1 else ''}, {workers}, "
+        f"a collector: {s.delivered}/{s.objects} objects in {s.seconds:.1f} s ({s.objects_per_s:.0f} objects/s)\n"
+        f"workers killed {s.kills}, hung {s.hangs} (fenced on waking {s.fenced}); worker processes started "
+        f"{s.worker_starts}\n"
+        f"input records delivered again {s.redelivered} (finished before the crash {s.finished_before}); "
+        f"malformed records {s.malformed}\n"
+        f"faults injected {s.faults_injected}, recovered {s.faults_recovered}  bridge restarts {s.restarts}\n"
+        f"input records the collector saw twice {s.repeated_inputs}; segments left in /dev/shm "
+        f"{len(s.leftover_segments)}\n"
+        f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
+    )
     return 0 if clean else 1
 
 

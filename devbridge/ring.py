@@ -462,6 +462,11 @@ class HostRing:
         """The ring's consumer generation: how many times a consumer took the role."""
         return self._generation
 
+    def lock_held(self) -> bool:
+        """Whether another process holds the ring's lock now: never, for a ring of one process
+        (a shared ring's says; see SharedRing.lock_held)."""
+        return False
+
     def _check_commit(self, r: HostRange) -> Span:  # the lock held
         """The bytes of `r` when it may be committed (see `commit`)."""
         self._check_fence()

@@ -120,6 +120,15 @@ class Segment:
         dead holder's `flock`, so a killed process never keeps it."""
         return _Locked(self._fd, thread_lock)
 
+    def lock_held(self) -> bool:
+        """Whether some process holds the segment's lock at this moment (a look: never waits)."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return False
+
     def _word(self, offset: int) -> ctypes.c_uint32:
         word = self._words.get(offset)
         if word is None:

@@ -307,6 +307,15 @@ class SharedRing(HostRing):
         self._check_open()
         return self._word(_H_GENERATION)
 
+    def lock_held(self) -> bool:
+        """Whether another process holds the ring's lock at this moment (a look: never waits). A
+        process stopped (SIGSTOP) while it holds the lock stops every other user of the ring
+        until it continues or dies: a supervisor that stops a process it takes for hung checks
+        this, and continues it for a moment if so."""
+        self._check_open()
+        with self._lock:
+            return self._segment.lock_held()
+
     # ------------------------------------------------------------ producers
 
     @property
@@ -751,7 +760,8 @@ class SharedRing(HostRing):
 
     def stats(self) -> dict[str, int]:
         """The ring's counters across processes: records committed and taken, the consumer
-        generation, records delivered again, reservations reclaimed, live reservations."""
+        generation and the consumer's pid (0: none yet), records delivered again, reservations
+        reclaimed, live reservations."""
         self._check_open()
         with self._both:
             tail, count = self._window()
@@ -759,6 +769,7 @@ class SharedRing(HostRing):
                 "committed": self._words[_H_NEXT_SEQ],
                 "taken": self._words[_H_TAKE_SEQ],
                 "generation": self._words[_H_GENERATION],
+                "consumer_pid": self._words[_H_CONSUMER_PID],
                 "redelivered": self._words[_H_REDELIVERED],
                 "reclaimed": self._words[_H_RECLAIMED],
                 "live": sum(self._slot(i)[5] == _RESERVED for i in range(tail, count)),

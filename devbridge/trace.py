@@ -298,6 +298,51 @@ class BridgeTrace:
             self._emit(0, ph="C", name=f"ring {id(ring):#x} occupied bytes", args={"bytes": ring.head - ring.cursor})
 
 
+def read_cut(text: str) -> list[dict[str, Any]]:
+    """The events of a trace whose writer may have died mid-write (SIGKILL): one event per line,
+    read up to the first line that is not a whole event."""
+    events = []
+    for line in text.splitlines():
+        line = line.strip().removesuffix(",")
+        if line in ("[", "]", ""):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            break  # the line its writer was cut in
+        if not isinstance(event, dict):
+            break
+        events.append(event)
+    return events
+
+
+def ends_of_open(events: list[dict[str, Any]], ts: float) -> list[dict[str, Any]]:
+    """The events that end, at `ts`, every span `events` leaves open (a writer that died): each
+    state span and each async span, in the order a living writer's `close` would end them."""
+    stacks: dict[tuple[Any, Any], list[str]] = defaultdict(list)
+    async_open: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for e in events:
+        ph, track = e.get("ph"), (e.get("pid"), e.get("tid"))
+        if ph == "B":
+            stacks[track].append(e.get("name", ""))
+        elif ph == "E" and stacks[track]:
+            stacks[track].pop()
+        elif ph in ("b", "e"):
+            key = (e.get("pid"), e.get("cat", ""), e.get("id"))
+            if ph == "b":
+                async_open[key] = e
+            else:
+                async_open.pop(key, None)
+    ends = [
+        {"ph": "e", "name": e.get("name", ""), "cat": e.get("cat", ""), "id": e.get("id"), "pid": e.get("pid"),
+         "tid": e.get("tid"), "ts": ts}
+        for e in async_open.values()
+    ]  # fmt: skip
+    for (pid, tid), names in stacks.items():
+        ends += [{"ph": "E", "name": name, "pid": pid, "tid": tid, "ts": ts} for name in reversed(names)]
+    return ends
+
+
 def check_trace(events: list[dict[str, Any]], transitions: set[tuple[str, str]]) -> list[str]:
     """What is wrong with a written trace (empty: nothing): an unknown phase or a missing field,
     a span that never closes or closes what it did not open, an allocation's states in an order

@@ -4,6 +4,7 @@ recovered as one."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -101,6 +102,7 @@ def test_a_worker_dying_between_the_two_halves_is_recovered_as_one(
         "committed": 1,
         "taken": 1,
         "generation": 1,
+        "consumer_pid": os.getpid(),
         "redelivered": 0,
         "reclaimed": 0,
         "live": 0 if after_commit else 1,  # (the dead worker's reservation, until reclaimed)

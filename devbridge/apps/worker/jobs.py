@@ -57,8 +57,10 @@ class Job:
     ks: list[int]  # the objects, in the order of their inputs in `src`
     src: HostRange
     answers: Any = None  # numpy's outputs for them, one per object (what delivery checks)
+    record: HostRange | None = None  # the input record `src` is part of, if more than its inputs
     slot: Slot | None = None
     out: HostRange | None = None
+    out_record: HostRange | None = None  # the output record `out` is part of, if more than its outputs
     stage: Stage = Stage.SLOT
     event: Event | None = None
     computed: Event | None = None  # the compute event the download follows (ORDER-1)

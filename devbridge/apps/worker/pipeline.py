@@ -126,8 +126,6 @@ class Worker:
         self.bridge = Bridge(backend, trace=trace)
         self.in_bytes = shapes.rows * shapes.d_in * 4
         self.out_bytes = shapes.rows * shapes.d_out * 4
-        self.inputs = HostRing(ring_objects * self.in_bytes)
-        self.outputs = HostRing(ring_objects * self.out_bytes)
         self.space = threading.Condition()
         # the producer is woken once half the ring is free again, not per object: each wake-up is
         # a GIL hand-off between it and this loop (it still retries every 0.05 s by itself)
@@ -161,7 +159,15 @@ class Worker:
             r = self.weight_ring.reserve(w.nbytes)
             self.weight_ring.view(r)[:] = w.tobytes()
             self.weight_src[name] = r
-        self.producer = workload.Producer(self.inputs, ks, seed, shapes, self.space, self.weights_np, batch)
+        self.inputs, self.outputs, self.producer = self.ends(ks, ring_objects)
+
+    def ends(self, ks: Sequence[int], ring_objects: int) -> tuple[HostRing, HostRing, workload.Feed]:
+        """The input ring, the output ring, and what fills the input ring: here, rings of this
+        process and a producer thread (a worker between processes has shared rings)."""
+        inputs = HostRing(ring_objects * self.in_bytes)
+        outputs = HostRing(ring_objects * self.out_bytes)
+        producer = workload.Producer(inputs, ks, self.seed, self.shapes, self.space, self.weights_np, self.batch)
+        return inputs, outputs, producer
 
     # ------------------------------------------------------------ the loop
 
@@ -188,7 +194,7 @@ class Worker:
             return False
         self.pump()
         while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else wait)):
-            self.jobs.append(Job(item.ks, item.src, item.answers, moves=self.moves))
+            self.jobs.append(Job(item.ks, item.src, item.answers, record=item.record, moves=self.moves))
         before = self.deliveries
         states = [(job.stage, job.event) for job in self.jobs]
         for job in list(self.jobs):
@@ -398,27 +404,37 @@ class Worker:
         assert job.slot is not None
         if job.out is None:
             try:
-                job.out = self.outputs.reserve(len(job.ks) * self.out_bytes)
+                job.out = self.reserve_output(job)
             except RingFullError:
                 return  # the output ring drains as objects are delivered
         y, out = self.part(job, job.slot.yr, job.out.nbytes), job.out
         self.attempt(job, Stage.DOWNLOAD, lambda: self.bridge.device_to_host(y, out, sync=False))
+
+    def reserve_output(self, job: Job) -> HostRange:
+        """Room in the output ring for the job's outputs; RingFullError if none yet."""
+        return self.outputs.reserve(len(job.ks) * self.out_bytes)
+
+    def delivered(self, job: Job) -> None:
+        """The job's objects are delivered: count them, give its slot back, drop the job."""
+        assert job.slot is not None
+        self.deliveries += len(job.ks)
+        self.failures_in_a_row = 0
+        self.free_slots.append(job.slot)  # the next batch's upload follows this download (ORDER-1)
+        job.move(Stage.DELIVERED)
+        self.jobs.remove(job)
 
     def deliver(self, job: Job) -> None:
         assert job.out is not None and job.slot is not None
         got = np.frombuffer(self.outputs.view(job.out), dtype=np.float32).reshape(len(job.ks), *job.answers.shape[1:])
         for k, right in zip(job.ks, self.check(got, job.answers), strict=True):
             self.tally.deliver(k, right)
-        before, self.deliveries = self.deliveries, self.deliveries + len(job.ks)
-        self.failures_in_a_row = 0
         self.outputs.release(job.out)  # the consumer took it
         self.inputs.release(job.src)  # the objects are done: their inputs may go
+        before = self.deliveries
+        self.delivered(job)
         if before // self.wake_every != self.deliveries // self.wake_every:  # the producer refills in bursts
             with self.space:
                 self.space.notify_all()
-        self.free_slots.append(job.slot)  # the next batch's upload follows this download (ORDER-1)
-        job.move(Stage.DELIVERED)
-        self.jobs.remove(job)
 
     # ------------------------------------------------------------ results
 

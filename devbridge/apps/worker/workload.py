@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -173,8 +173,29 @@ class Producer(threading.Thread):
 
 @dataclass(frozen=True)
 class Batch:
-    """Objects `ks`, their inputs one after another in `src`, and numpy's outputs for them."""
+    """Objects `ks`, their inputs one after another in `src`, and numpy's outputs for them (None
+    where another process checks them); `record`: the input record `src` is part of, if more."""
 
     ks: list[int]
     src: HostRange
-    answers: np.ndarray[Any, np.dtype[np.float32]]
+    answers: np.ndarray[Any, np.dtype[np.float32]] | None
+    record: HostRange | None = None
+
+
+class Feed(Protocol):
+    """What fills a worker's input ring, as the worker sees it: the producer thread, or the
+    input end of a ring that producer processes fill."""
+
+    stop: threading.Event  # set to end it
+    blocked_s: float  # time it waited for room in the ring
+
+    @property
+    def ready(self) -> Any: ...  # true while batches are in the ring, not yet taken
+
+    def start(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...  # more batches may come
+
+    def take(self, timeout: float) -> Batch | None: ...

@@ -1,0 +1,585 @@
+"""The reference worker as processes: producer processes fill an input shared ring, one worker
+process per device takes each batch, uploads it, computes, downloads into an output shared ring
+and commits the output naming the input it finishes (RING-7), and a collector process takes
+every output, checks it against numpy and tallies it. The main process supervises
+(devbridge.apps.supervisor): it may kill a worker (SIGKILL) or stop it (SIGSTOP), start a
+replacement, and continue the stopped one, which the rings then fence (GEN-2).
+
+Records carry their objects' ids: an input record is `[n, k_0 .. k_(batch-1)]` (int64) and the
+n objects' inputs; an output record is `[input sequence number, n, k_0 .. k_(batch-1)]` and the
+n outputs. What a process reads from a ring is checked before use (a malformed record is
+counted and released, never computed on).
+
+Counters cross processes in shared memory without locks (a process can die at any instruction,
+holding none): each worker writes its own row, by its consumer generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devbridge.apps.backends import make_backend
+from devbridge.apps.supervisor import SPAWN, Supervisor
+from devbridge.apps.tally import Delivery, Tally
+from devbridge.apps.worker.drivers import RANDOM_FAULTS, check_demo
+from devbridge.apps.worker.jobs import Job
+from devbridge.apps.worker.pipeline import Worker
+from devbridge.apps.worker.workload import (
+    DEMO_SHAPES,
+    Batch,
+    OutputCheck,
+    Shapes,
+    make_input,
+    make_weights,
+    one_blas_thread,
+    reference_mlp,
+)
+from devbridge.args import count
+from devbridge.backends.base import Backend
+from devbridge.errors import RingFullError, StaleHandleError, WaitTimeoutError
+from devbridge.ring import HostRange, HostRing
+from devbridge.shared_ring import RECLAIM_EVERY_S, SharedRing
+from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
+from devbridge.trace import Trace, TraceClock, ends_of_open, read_cut
+
+#: The workers' counters, one row per worker process (by its consumer generation).
+FIELDS = ("redelivered", "finished_before", "fenced", "malformed", "faults_injected", "faults_recovered", "restarts")
+ROWS = 4096
+#: Input records the input ring holds, and outputs the output ring holds, in batches.
+RING_BATCHES = 64
+
+
+def _attach(name: str) -> SharedRing:
+    return _shared(HostRing.attach(name))
+
+
+def _shared(ring: HostRing) -> SharedRing:
+    assert isinstance(ring, SharedRing)  # (a ring with a name is shared)
+    return ring
+
+
+def _row(generation: int) -> int:
+    return (generation % ROWS) * len(FIELDS)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every process of a run is told (picklable: it crosses `spawn`)."""
+
+    objects: int
+    batch: int
+    seed: int
+    shapes: Shapes = DEMO_SHAPES
+
+    @property
+    def in_bytes(self) -> int:
+        return self.shapes.rows * self.shapes.d_in * 4
+
+    @property
+    def out_bytes(self) -> int:
+        return self.shapes.rows * self.shapes.d_out * 4
+
+    @property
+    def in_header(self) -> int:
+        return 8 * (1 + self.batch)
+
+    @property
+    def out_header(self) -> int:
+        return 8 * (2 + self.batch)
+
+    def objects_of(self, header: np.ndarray[Any, Any], at: int, nbytes: int, each: int) -> list[int] | None:
+        """The object ids a record's header names (`header[at]` is their count), or None if the
+        header and the record's size do not agree with a record this run makes."""
+        n = int(header[at])
+        if not 1 <= n <= self.batch or nbytes != 8 * (at + 1 + self.batch) + n * each:
+            return None
+        ks = [int(k) for k in header[at + 1 : at + 1 + n]]
+        return ks if all(0 <= k < self.objects for k in ks) else None
+
+
+# ------------------------------------------------------------ producers
+
+
+def produce(plan: Plan, ring_names: Sequence[str], ks: Sequence[int], stop: Any) -> None:
+    """A producer process: writes objects `ks` into the input rings (object k into ring
+    k % len(ring_names), one per device), `plan.batch` at a time."""
+    rings = [HostRing.attach(name) for name in ring_names]
+    try:
+        for d, ring in enumerate(rings):
+            mine = [k for k in ks if k % len(rings) == d]
+            xs = np.stack([make_input(plan.seed, k, plan.shapes) for k in mine]) if mine else None
+            for i in range(0, len(mine), plan.batch):
+                part = mine[i : i + plan.batch]
+                r = _reserve(ring, plan.in_header + len(part) * plan.in_bytes, stop)
+                if r is None:
+                    return
+                head = np.zeros(1 + plan.batch, np.int64)
+                head[0], head[1 : 1 + len(part)] = len(part), part
+                view = ring.view(r)
+                view[: plan.in_header] = head.data.cast("B")
+                assert xs is not None
+                view[plan.in_header :] = xs[i : i + len(part)].data.cast("B")
+                del view
+                ring.commit(r)
+    finally:
+        for ring in rings:
+            ring.close()
+
+
+def _reserve(ring: HostRing, nbytes: int, stop: Any) -> HostRange | None:
+    while not stop.value:
+        with contextlib.suppress(RingFullError):
+            return ring.reserve(nbytes, timeout=0.1)
+    return None
+
+
+# ------------------------------------------------------------ the worker
+
+
+class RingFeed:
+    """The worker's input end of a shared ring, as its loop sees a producer (workload.Feed):
+    records taken, their headers checked, redelivered ones whose output is committed already
+    released at once."""
+
+    def __init__(self, plan: Plan, inputs: SharedRing, outputs: SharedRing, counters: Any, stop: Any) -> None:
+        self.plan, self.inputs, self.outputs, self.counters, self.stop_flag = plan, inputs, outputs, counters, stop
+        self.stop = threading.Event()
+        self.blocked_s = 0.0
+        self.ready = False  # (records wait in the shared ring, not here)
+        self.row = _row(inputs.generation)
+        self.taken = 0  # batches handed to the worker
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[self.row + FIELDS.index(name)] += n
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return not (self.stop.is_set() or self.stop_flag.value)
+
+    def take(self, timeout: float) -> Batch | None:
+        while True:
+            try:
+                r = self.inputs.take(timeout)
+            except WaitTimeoutError:
+                return None
+            if r.redelivered:
+                self.count("redelivered")
+                if self.outputs.finished(r) is not None:  # its output was committed before a crash
+                    self.inputs.release(r)
+                    self.count("finished_before")
+                    timeout = 0
+                    continue
+            header = np.frombuffer(self.inputs.view(r)[: self.plan.in_header], np.int64)
+            ks = self.plan.objects_of(header, 0, r.nbytes, self.plan.in_bytes)
+            if ks is None:  # not a record this run's producers write: never computed on
+                self.inputs.release(r)
+                self.count("malformed")
+                timeout = 0
+                continue
+            self.taken += 1
+            return Batch(ks, r.sub(self.plan.in_header, len(ks) * self.plan.in_bytes), None, record=r)
+
+
+class RingWorker(Worker):
+    """The reference worker between shared rings: its batches come from a RingFeed, and each
+    output is committed naming the input record it finishes (one step: RING-7). Outputs are
+    checked by the collector, not here."""
+
+    def __init__(self, backend: Backend, feed: RingFeed, **options: Any) -> None:
+        self.feed = feed
+        self.next_reclaim = 0.0  # when a full output ring is next looked at for dead reservations
+        plan = feed.plan
+        super().__init__(backend, 1 << 62, seed=plan.seed, shapes=plan.shapes, batch=plan.batch, **options)
+
+    def ends(self, ks: Sequence[int], ring_objects: int) -> tuple[HostRing, HostRing, RingFeed]:
+        return self.feed.inputs, self.feed.outputs, self.feed
+
+    def reserve_output(self, job: Job) -> HostRange:
+        plan, record = self.feed.plan, job.record
+        assert record is not None and record.seq is not None
+        nbytes = plan.out_header + len(job.ks) * plan.out_bytes
+        try:
+            o = self.outputs.reserve(nbytes)
+        except RingFullError:
+            # a predecessor that died may hold output reservations it never committed: they go
+            # back (at most every RECLAIM_EVERY_S: it reads /proc for each live reservation)
+            now = time.monotonic()
+            if now < self.next_reclaim:
+                raise
+            self.next_reclaim = now + RECLAIM_EVERY_S
+            if not self.feed.outputs.reclaim():
+                raise
+            o = self.outputs.reserve(nbytes)
+        head = np.zeros(2 + plan.batch, np.int64)
+        head[0], head[1], head[2 : 2 + len(job.ks)] = record.seq, len(job.ks), job.ks
+        self.outputs.view(o)[: plan.out_header] = head.data.cast("B")
+        job.out_record = o
+        return o.sub(plan.out_header, len(job.ks) * plan.out_bytes)
+
+    def deliver(self, job: Job) -> None:
+        assert job.out_record is not None and job.record is not None
+        self.outputs.commit(job.out_record, finishes=job.record)  # the output, and its input's release
+        self.delivered(job)
+        self.report()
+
+    def report(self) -> None:
+        """This worker's fault and restart counts, in its row."""
+        row, counters = self.feed.row, self.feed.counters
+        counters[row + FIELDS.index("faults_injected")] = self.injected()
+        counters[row + FIELDS.index("faults_recovered")] = self.failures_retried
+        counters[row + FIELDS.index("restarts")] = self.restarts
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process's device and rings (picklable)."""
+
+    plan: Plan
+    inputs: str
+    outputs: str
+    backend: str
+    device: str | None
+    faults: float
+    restart_every: int
+    fault_seed: int
+    name: str = "worker-0"
+    trace_dir: str | None = None  # each worker process writes its bridge's timeline there
+
+
+def _part(trace_dir: str, name: str) -> Trace:
+    """A worker process's own timeline, `name`.json in `trace_dir`, its clock beside it (the main
+    process puts the parts together: Trace.include)."""
+    part = Trace(os.path.join(trace_dir, f"{name}.json"))
+    with open(os.path.join(trace_dir, f"{name}.clock"), "w", encoding="utf-8") as f:
+        json.dump(dataclasses.asdict(part.clock), f)
+    return part
+
+
+def _merge_parts(trace: Trace, trace_dir: str) -> None:
+    """Every worker process's timeline into `trace`, a killed one's ended where it was cut."""
+    for name in sorted(n.removesuffix(".clock") for n in os.listdir(trace_dir) if n.endswith(".clock")):
+        with open(os.path.join(trace_dir, f"{name}.clock"), encoding="utf-8") as f:
+            clock = TraceClock(**json.load(f))
+        try:
+            with open(os.path.join(trace_dir, f"{name}.json"), encoding="utf-8") as f:
+                events = read_cut(f.read())
+        except FileNotFoundError:
+            continue
+        last = max((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
+        pid = int(name.rsplit("-", 1)[1])
+        trace.include([*events, *ends_of_open(events, last)], pid=pid, label=name, clock=clock)
+
+
+def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWorker] = RingWorker) -> None:
+    """A worker process: attach both rings, take over as the input ring's consumer (what a
+    predecessor took and did not finish comes again), and run until told to stop. Fenced by a
+    newer worker (GEN-2), it counts that and ends, having changed nothing."""
+    inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
+    part: Trace | None = None
+    try:
+        inputs.consume()
+        feed = RingFeed(spec.plan, inputs, outputs, counters, stop)
+        inner = make_backend(spec.backend, spec.device)
+        pump = fake_pump(inner, spec.fault_seed) if isinstance(inner, FakeBackend) else None
+        backend: Backend = inner
+        injected: Callable[[], int] = lambda: 0  # noqa: E731
+        if spec.faults:
+            faulty = FaultyBackend(inner, rate=spec.faults, seed=spec.fault_seed, random_ops=RANDOM_FAULTS)
+            backend, injected = faulty, lambda: sum(faulty.injected.values())
+        if spec.trace_dir is not None:
+            part = _part(spec.trace_dir, f"{spec.name}-{os.getpid()}")
+        worker = make(backend, feed, restart_every=spec.restart_every, pump=pump, injected=injected, trace=part)
+        try:
+            worker.run()
+        except StaleHandleError as e:
+            if e.rule != "GEN-2":
+                raise
+            feed.count("fenced")
+        worker.report()
+    finally:
+        if part is not None:
+            part.close()
+        inputs.close()
+        outputs.close()
+
+
+# ------------------------------------------------------------ the collector
+
+
+def collect(plan: Plan, ring_names: Sequence[str], delivered: Any, finish: Any, results: Any) -> None:
+    """The collector process: takes every output from the output rings, checks it against
+    numpy's answer, tallies it by object and by input record, and releases it; sends its tally
+    through `results` once `finish` is set and the rings are drained."""
+    rings = [HostRing.attach(name) for name in ring_names]
+    try:
+        for ring in rings:
+            ring.consume()
+        weights = make_weights(plan.seed, plan.shapes)
+        with one_blas_thread():
+            answers = np.stack(
+                [reference_mlp(make_input(plan.seed, k, plan.shapes), weights) for k in range(plan.objects)]
+            )
+        check = OutputCheck((plan.batch, plan.shapes.rows, plan.shapes.d_out))
+        tally, seen, malformed = Tally(), Counter[tuple[int, int]](), 0
+        wait = 0.05 / len(rings)
+        while True:
+            took = False
+            for d, ring in enumerate(rings):
+                try:
+                    r = ring.take(wait)
+                except WaitTimeoutError:
+                    continue
+                took = True
+                view = ring.view(r)
+                header = np.frombuffer(view[: plan.out_header], np.int64)
+                ks = plan.objects_of(header, 1, r.nbytes, plan.out_bytes)
+                if ks is None:
+                    malformed += 1
+                else:
+                    seen[d, int(header[0])] += 1
+                    got = np.frombuffer(view[plan.out_header :], np.float32).reshape(len(ks), *answers.shape[1:])
+                    for k, right in zip(ks, check(got, answers[ks]), strict=True):
+                        tally.deliver(k, right)
+                del view, header
+                ring.release(r)
+                delivered.value = len(tally)
+            if not took and finish.value:
+                break
+        repeated = sum(n - 1 for n in seen.values())
+        results.send((dict(tally.delivered), sorted(tally.wrong), repeated, malformed))
+    finally:
+        for ring in rings:
+            ring.close()
+        results.close()
+
+
+# ------------------------------------------------------------ the main process
+
+
+@dataclass
+class ProcessSummary(Delivery):
+    seconds: float
+    objects_per_s: float
+    processes: int  # producer processes
+    devices: list[str]  # one worker process each
+    kills: int  # workers killed (SIGKILL) and started again
+    hangs: int  # workers stopped (SIGSTOP), replaced, then continued
+    worker_starts: int  # worker processes started, the first ones included
+    redelivered: int  # input records delivered again to a new worker
+    finished_before: int  # of them, already finished by an output committed before a crash
+    fenced: int  # workers that woke after their replacement took over, and were refused (GEN-2)
+    repeated_inputs: int  # input records the collector saw an output of more than once
+    malformed: int  # records refused by the worker or the collector (never computed on)
+    faults_injected: int
+    faults_recovered: int
+    restarts: int  # bridge restarts inside workers (--restart-every)
+    backend: str
+    leftover_segments: list[str] = field(default_factory=list)  # this run's names still in /dev/shm
+
+
+def run_processes(
+    objects: int = 1500,
+    processes: int = 2,
+    backend: str = "tinygrad",
+    devices: Sequence[str | None] = (None,),
+    faults: float = 0.0,
+    restart_every: int = 0,
+    kill_every: int = 0,
+    hang_every: int = 0,
+    seed: int = 0,
+    batch: int = 1,
+    progress: Callable[[int], None] | None = None,
+    work_target: Callable[..., None] = work,
+    trace: str | None = None,
+) -> ProcessSummary:
+    """`objects` synthetic objects through `processes` producer processes, one worker process
+    per device of `devices` (object k to device k % len(devices), each with its own input and
+    output ring) and a collector process. Each time `kill_every` more objects are delivered, a
+    worker is killed (SIGKILL) and its supervisor starts it again; each time `hang_every` more
+    are, a worker is stopped (SIGSTOP), replaced, and continued once its replacement took over.
+    Every child is reaped and every ring unlinked at the end, however it ends. With `trace` (a
+    path), each worker process's bridge writes its timeline, all put together there at the end."""
+    check_demo(objects, faults, restart_every, batch)
+    count("processes", processes, least=1)
+    timeline = None if trace is None else Trace(trace)
+    with contextlib.ExitStack() as cleanup:
+        trace_dir = None
+        if timeline is not None:
+            cleanup.callback(timeline.close)
+            trace_dir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="devbridge-trace-"))
+        summary = _run_processes(
+            objects, processes, backend, devices, faults, restart_every, kill_every, hang_every, seed, batch,
+            progress, work_target, trace_dir,
+        )  # fmt: skip
+        if timeline is not None and trace_dir is not None:
+            _merge_parts(timeline, trace_dir)
+        return summary
+
+
+def _run_processes(
+    objects: int,
+    processes: int,
+    backend: str,
+    devices: Sequence[str | None],
+    faults: float,
+    restart_every: int,
+    kill_every: int,
+    hang_every: int,
+    seed: int,
+    batch: int,
+    progress: Callable[[int], None] | None,
+    work_target: Callable[..., None],
+    trace_dir: str | None,
+) -> ProcessSummary:
+    count("kill_every", kill_every, note=" (0: never)")
+    count("hang_every", hang_every, note=" (0: never)")
+    plan = Plan(objects, batch, seed)
+    tag = f"devbridge-demo-{os.getpid()}-{random.getrandbits(32):08x}"
+    n = len(devices)
+    names = [(f"{tag}-in{d}", f"{tag}-out{d}") for d in range(n)]
+    counters = SPAWN.RawArray("q", ROWS * len(FIELDS))
+    stop, finish, delivered = SPAWN.RawValue("b", 0), SPAWN.RawValue("b", 0), SPAWN.RawValue("q", 0)
+    receive, send = SPAWN.Pipe(duplex=False)
+    rings: list[tuple[SharedRing, SharedRing]] = []
+    kills_allowed = objects // kill_every if kill_every else 0
+    # intended kills are deaths too: the backoff stays short, and the limit above them
+    supervisor = Supervisor(
+        rings=tuple(name for pair in names for name in pair), backoff=0.01, max_backoff=0.25,
+        max_restarts=kills_allowed + 100,
+    )  # fmt: skip
+    kills = hangs = 0
+    start = time.perf_counter()
+    with supervisor, supervisor.signals():
+        in_size, out_size = plan.in_header + batch * plan.in_bytes, plan.out_header + batch * plan.out_bytes
+        for i, o in names:
+            rings.append(
+                (
+                    _shared(HostRing.create(i, RING_BATCHES * in_size, records=RING_BATCHES * 2)),
+                    _shared(HostRing.create(o, RING_BATCHES * out_size, records=RING_BATCHES * 2)),
+                )
+            )
+        supervisor.spawn("collector", collect, plan, [o for _, o in names], delivered, finish, send)
+        for p in range(processes):
+            supervisor.spawn(f"producer-{p}", produce, plan, [i for i, _ in names], range(p, objects, processes), stop)
+        workers = []
+        for d, ((i, o), device) in enumerate(zip(names, devices, strict=True)):
+            workers.append(f"worker-{d}")
+            spec = WorkerSpec(plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], trace_dir)
+            supervisor.spawn(workers[-1], work_target, spec, counters, stop, restart=True)
+        next_kill, next_hang, shown = kill_every, hang_every, 0
+        while delivered.value < objects:
+            supervisor.check(timeout=0.01)
+            if not supervisor.running("collector"):
+                break
+            done = delivered.value
+            if progress is not None and done != shown:
+                progress(shown := done)
+            if done >= objects:
+                break
+            if kill_every and done >= next_kill:
+                supervisor.kill(workers[kills % n])
+                kills, next_kill = kills + 1, next_kill + kill_every
+            if hang_every and done >= next_hang and hang(supervisor, workers[hangs % n], *rings[hangs % n]):
+                hangs, next_hang = hangs + 1, next_hang + hang_every
+        if progress is not None:
+            progress(delivered.value)
+        stop.value = 1  # the workers end once idle, the producers at once
+        _wait_for(supervisor, workers)
+        finish.value = 1
+        got: tuple[dict[int, int], list[int], int, int] | None = None
+        if receive.poll(30):
+            got = receive.recv()
+        starts = sum(1 + supervisor.restarts(w) for w in workers)
+        seconds = time.perf_counter() - start
+        for pair in rings:
+            for ring in pair:
+                ring.close()
+    leftover = sorted(name for pair in names for name in pair if os.path.exists(f"/dev/shm/{name}"))
+    by_object, wrong, repeated, malformed = got if got is not None else ({}, [], 0, 0)
+    tally = Tally(Counter(by_object), set(wrong))
+    sums = {name: sum(counters[r * len(FIELDS) + j] for r in range(ROWS)) for j, name in enumerate(FIELDS)}
+    return ProcessSummary(
+        **vars(tally.delivery(objects)),
+        seconds=seconds,
+        objects_per_s=len(tally) / seconds,
+        processes=processes,
+        devices=[d or "default" for d in devices],
+        kills=kills,
+        hangs=hangs,
+        worker_starts=starts,
+        redelivered=sums["redelivered"],
+        finished_before=sums["finished_before"],
+        fenced=sums["fenced"],
+        repeated_inputs=repeated,
+        malformed=malformed + sums["malformed"],
+        faults_injected=sums["faults_injected"],
+        faults_recovered=sums["faults_recovered"],
+        restarts=sums["restarts"],
+        backend=backend,
+        leftover_segments=leftover,
+    )
+
+
+def _wait_for(supervisor: Supervisor, names: Sequence[str], timeout: float = 60.0) -> None:
+    """Until the children `names` ended (a worker killed meanwhile is started again, and ends)."""
+    deadline = time.monotonic() + timeout
+    while any(supervisor.running(name) for name in names) and time.monotonic() < deadline:
+        supervisor.check(timeout=0.05)
+
+
+def _state(pid: int) -> bytes:
+    """Process `pid`'s state letter from /proc (T: stopped, Z: dead, not yet reaped); b"X" once gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
+def hang(supervisor: Supervisor, name: str, inputs: SharedRing, outputs: SharedRing, wait: float = 60.0) -> bool:
+    """Stop worker `name` (SIGSTOP) at a moment it holds neither ring's lock, start a replacement,
+    and continue the stopped one (SIGCONT) once the replacement is the input ring's consumer:
+    from then on the rings refuse the old one (GEN-2). False (and nothing done) while the
+    worker is not yet the input ring's consumer: one stopped before its `consume` would take
+    over again when continued, as a newer worker would."""
+    pid = supervisor.pid(name)
+    if pid is None or inputs.stats()["consumer_pid"] != pid:
+        return False
+    for _ in range(1000):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        while (state := _state(pid)) not in (b"T", b"Z", b"X"):  # (SIGSTOP arrives, not at once)
+            time.sleep(0.0005)
+        if state != b"T":
+            return False  # it died meanwhile: nothing to hang
+        if not (inputs.lock_held() or outputs.lock_held()):
+            break
+        os.kill(pid, signal.SIGCONT)  # stopped holding a lock: every other user would wait
+        time.sleep(random.uniform(0, 0.002))
+    generation = inputs.generation
+    supervisor.replace(name)
+    deadline = time.monotonic() + wait
+    while inputs.generation == generation and time.monotonic() < deadline:
+        supervisor.check(timeout=0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    return True

@@ -1,0 +1,128 @@
+"""The reference worker as processes (`devbridge demo --processes`): producer processes, a
+worker process, a collector process, with real SIGKILL and SIGSTOP/SIGCONT of the worker and
+a worker killed at each stage of an object's way. The collector counts every input record it
+sees an output of: none twice, without de-duplicating."""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import process_stages
+import pytest
+from test_shared_ring import shared  # noqa: F401  (a fixture)
+
+from devbridge import HostRing
+from devbridge.apps.worker.processes import ProcessSummary, run_processes
+from devbridge.segment import SHM_DIR
+from devbridge.trace import ends_of_open, read_cut
+
+
+def demo_segments() -> set[str]:
+    return {name for name in os.listdir(SHM_DIR) if name.startswith(f"devbridge-demo-{os.getpid()}-")}
+
+
+def assert_exactly_once(s: ProcessSummary, objects: int) -> None:
+    assert (s.objects, s.delivered, s.lost, s.duplicated, s.wrong) == (objects, objects, 0, 0, 0)
+    assert s.repeated_inputs == 0 and s.malformed == 0
+    assert s.leftover_segments == [] and demo_segments() == set()
+
+
+@pytest.mark.holds("RING-7", "GEN-2")
+@pytest.mark.parametrize("device", ["CPU", "CL"])
+def test_a_killed_and_a_hung_worker_lose_nothing_and_repeat_nothing(device: str) -> None:
+    """160 objects on a device that fails at random and restarts its bridge every 40 objects; a
+    worker killed each time 60 more are delivered and one stopped at 90: every object delivered
+    once and right, the hang fenced, every child reaped, no segment left."""
+    s = run_processes(160, 2, "tinygrad", [device], faults=0.05, restart_every=40, kill_every=60, hang_every=90)
+    assert_exactly_once(s, 160)
+    assert s.kills == 2 and s.hangs == 1 and s.fenced == 1
+    assert s.worker_starts == 1 + s.kills + s.hangs
+    assert s.faults_injected > 0 and s.restarts > 0
+
+
+@pytest.mark.holds("RING-7")
+def test_a_worker_killed_at_each_stage_of_an_object_loses_nothing(tmp_path: Path) -> None:
+    """The worker kills itself at each stage of an object's way in turn (taken, uploading,
+    computing, downloading, between the output's commit and the input's release, released),
+    once each; each replacement takes what its predecessor held. Killed between the commit and
+    the release, the record comes again and is known finished: released, not computed again."""
+    target = functools.partial(process_stages.dying_work, str(tmp_path))
+    s = run_processes(130, 1, "fake", [None], batch=2, work_target=target)
+    assert sorted(os.listdir(tmp_path)) == sorted(process_stages.STAGES)  # it died at each stage
+    assert_exactly_once(s, 130)
+    assert s.worker_starts == 1 + len(process_stages.STAGES) and s.kills == 0
+    assert s.finished_before == 1  # the record whose output was in the ring already
+    assert s.redelivered >= len(process_stages.STAGES) - 1  # each victim but the one released
+
+
+@pytest.mark.holds("RING-7", "GEN-2")
+def test_the_cli_runs_the_process_demo_with_kills_and_hangs_and_its_trace_follows_the_spec(tmp_path: Path) -> None:
+    """On the fake backend, through the command line: the JSON summary, and one trace of every
+    worker process's bridge (a killed one's spans ended where it was cut) that follows the spec."""
+    trace = tmp_path / "t.json"
+    argv = ["demo", "--processes", "2", "--backend", "fake", "--objects", "150", "--kill-worker-every", "60",
+            "--hang-worker-every", "100", "--json", "--trace", str(trace)]  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "devbridge", *argv], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    s = json.loads(run.stdout)
+    assert (s["lost"], s["duplicated"], s["wrong"], s["repeated_inputs"], s["clean"]) == (0, 0, 0, 0, True)
+    assert (s["kills"], s["hangs"], s["fenced"], s["worker_starts"]) == (2, 1, 1, 4)
+    assert s["leftover_segments"] == [] and demo_segments() == set()
+    check = subprocess.run([sys.executable, "-m", "devbridge", "trace", str(trace), "--check"], capture_output=True)
+    assert check.returncode == 0, check.stdout
+    pids = {e["pid"] for e in json.loads(trace.read_text()) if e.get("name") == "process_name"}
+    assert len(pids) == 4  # the worker's processes: the first, two after kills, one after the hang
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kill-worker-every", "5"], "need --processes"),
+        (["--hang-worker-every", "5"], "need --processes"),
+        (["--processes", "1", "--pins-report"], "--pins-report"),
+        (["--processes", "0"], "--processes"),
+    ],
+)
+def test_process_options_that_do_not_fit_are_one_line_and_exit_2(argv: list[str], message: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "devbridge", "demo", "--backend", "fake", *argv], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and message in run.stderr.strip().splitlines()[-1]
+
+
+def test_a_trace_cut_by_a_kill_reads_to_its_last_whole_event_and_its_spans_are_ended() -> None:
+    text = '[\n{"ph":"B","name":"allocated","pid":1,"tid":1000,"ts":1},\n' + (
+        '{"ph":"b","name":"copy_in #1","cat":"copy_in","id":1,"pid":1,"tid":1,"ts":2},\n{"ph":"E","na'
+    )
+    events = read_cut(text)
+    assert [e["ph"] for e in events] == ["B", "b"]
+    assert ends_of_open(events, 5.0) == [
+        {"ph": "e", "name": "copy_in #1", "cat": "copy_in", "id": 1, "pid": 1, "tid": 1, "ts": 5.0},
+        {"ph": "E", "name": "allocated", "pid": 1, "tid": 1000, "ts": 5.0},
+    ]
+
+
+def test_lock_held_says_whether_another_process_holds_the_rings_lock(shared: Callable[..., HostRing]) -> None:  # noqa: F811
+    """What the demo's supervisor asks before it leaves a worker stopped: a worker stopped with
+    the lock held would stop every other user of the ring. (Another open file of the segment
+    stands for another process: `flock` is per open file.)"""
+    ring = shared(64)
+    assert ring.lock_held() is False and HostRing(64).lock_held() is False
+    fd = os.open(os.path.join(SHM_DIR, ring.name), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert ring.lock_held() is True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert ring.lock_held() is False
+    finally:
+        os.close(fd)
+    assert ring.stats()["consumer_pid"] == 0  # no consumer yet
+    ring.consume()
+    assert ring.stats()["consumer_pid"] == os.getpid()
