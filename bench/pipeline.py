@@ -25,8 +25,11 @@ import argparse
 import contextlib
 import cProfile
 import dataclasses
+import functools
+import os
 import pstats
 import statistics
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -49,8 +52,10 @@ from devbridge.apps.worker import (
     reference_mlp,
     run_demo,
 )
+from devbridge.apps.worker.processes import RingFeed, RingWorker, WorkerSpec, run_processes, work
 from devbridge.apps.worker.workload import DEMO_SHAPES
 from devbridge.backends import tinygrad_compat as tg
+from devbridge.backends.base import Backend
 
 BATCH = 8  # the batched rows' objects per call
 
@@ -154,6 +159,17 @@ def worker(objects: int, device: str = "CPU", profiler: cProfile.Profile | None 
     return summary.objects_per_s
 
 
+def process_worker(objects: int, device: str = "CPU", batch: int = 1) -> float:
+    """Objects per second of the reference worker as a process (`devbridge demo --processes 1
+    --batch {batch}`): a producer process fills the input shared ring, the worker process takes,
+    computes and commits each output with its input, a collector process checks them. Its own
+    time, from its first take to its last commit: the processes' start-up is left out, as the
+    user's pipeline leaves out making its inputs."""
+    s = run_processes(objects, 1, "tinygrad", [device], batch=batch)
+    assert s.clean and s.repeated_inputs == 0 and s.worker_starts == 1, s
+    return s.worker_objects_per_s
+
+
 @contextlib.contextmanager
 def profiling(profiler: cProfile.Profile | None) -> Iterator[None]:
     if profiler is not None:
@@ -168,6 +184,8 @@ def profiling(profiler: cProfile.Profile | None) -> Iterator[None]:
 #: The parts of a run, by where the time is spent (the first match of a file's path wins).
 PARTS = (
     ("devbridge/ring.py", "rings"),
+    ("devbridge/shared_ring.py", "rings"),
+    ("devbridge/segment.py", "rings"),
     ("devbridge/events.py", "events"),
     ("devbridge/aio.py", "events"),
     ("devbridge/apps/worker/workload.py", "the numpy check"),
@@ -188,8 +206,13 @@ def profile(run: Callable[[cProfile.Profile], object], objects: int) -> Counter[
     calling thread's)."""
     profiler = cProfile.Profile()
     run(profiler)
+    return parts_of(pstats.Stats(profiler), objects)
+
+
+def parts_of(stats: pstats.Stats, objects: int) -> Counter[str]:
+    """Microseconds per object in each part of PARTS, from a profile's own times."""
     parts: Counter[str] = Counter()
-    for (path, _, function), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+    for (path, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
         own_s = row[2]
         part = next((name for key, name in PARTS if key in path), None)
         if part is None:
@@ -204,6 +227,39 @@ def gap(objects: int, device: str) -> dict[str, dict[str, float]]:
     cost, largest first."""
     user_pipeline(objects, device=device), worker(objects, device)
     w = profile(lambda p: worker(objects, device, p), objects)
+    u = profile(lambda p: user_pipeline(objects, device=device, profiler=p), objects)
+    names = sorted(set(w) | set(u), key=lambda name: -w[name])
+    return {name: {"worker": round(w[name], 1), "user": round(u[name], 1)} for name in names}
+
+
+class ProfiledRingWorker(RingWorker):
+    """The worker process's loop under cProfile (its start-up and warm-up left out), the profile
+    written to `path` when the loop ends."""
+
+    def __init__(self, path: str, backend: Backend, feed: RingFeed, **options: Any) -> None:
+        self.path = path
+        super().__init__(backend, feed, **options)
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        profiler = cProfile.Profile()
+        with profiling(profiler):
+            super().run(progress)
+        profiler.dump_stats(self.path)
+
+
+def profiled_work(path: str, spec: WorkerSpec, counters: Any, stop: Any) -> None:
+    """A worker process whose loop is profiled into `path` (run_processes' work_target)."""
+    work(spec, counters, stop, make=functools.partial(ProfiledRingWorker, path))
+
+
+def process_gap(objects: int, device: str) -> dict[str, dict[str, float]]:
+    """As `gap`, for the worker as a process (--batch 1, a producer and a collector process
+    beside it): its loop's own time in the worker process, per part."""
+    user_pipeline(objects, device=device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "worker.prof")
+        run_processes(objects, 1, "tinygrad", [device], work_target=functools.partial(profiled_work, path))
+        w = parts_of(pstats.Stats(path), objects)
     u = profile(lambda p: user_pipeline(objects, device=device, profiler=p), objects)
     names = sorted(set(w) | set(u), key=lambda name: -w[name])
     return {name: {"worker": round(w[name], 1), "user": round(u[name], 1)} for name in names}

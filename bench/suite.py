@@ -198,6 +198,9 @@ def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     def user(batch: int = 1) -> Callable[[], float]:
         return lambda: pipeline.user_pipeline(objects, device=device, batch=batch)
 
+    def process(batch: int) -> Callable[[], float]:
+        return lambda: pipeline.process_worker(objects, device, batch=batch)
+
     return [
         objects_row(f"reference worker --batch {b} / the user's tinygrad pipeline ({objects} objects, objects/s)",
                     worker(b), user(), rounds, ">= 0.8"),
@@ -207,7 +210,12 @@ def worker_rows(device: str, rounds: int, quick: bool) -> list[Row]:
                     worker(b), user(b), rounds),
         objects_row("  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit",
                     worker(1), lambda: pipeline.raw_pipeline(objects, device=device), rounds),
-    ]  # fmt: skip
+    ] + ([] if quick else [  # (each run starts three processes: seconds, not what a smoke run is for)
+        objects_row("reference worker as a process, --batch 1 / the user's pipeline (a producer and a collector "
+                    "process beside it)", process(1), user(), rounds, ">= 0.9", "process worker 1"),
+        objects_row(f"reference worker as a process, --batch {b} / the user's pipeline, {b} objects per call",
+                    process(b), user(b), rounds, ">= 0.9", "process worker 8"),
+    ])  # fmt: skip
 
 
 def queue_rows(rounds: int, quick: bool) -> list[Row]:
@@ -379,18 +387,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(reason)
     rows = run(args.device, args.rounds, args.quick, args.only)
     objects = 100 if args.quick else 1000
-    gap = pipeline.gap(objects, args.device) if not args.only or "worker" in args.only else None
+    profiled = not args.only or "worker" in args.only
+    gap = pipeline.gap(objects, args.device) if profiled else None
+    process_gap = pipeline.process_gap(objects, args.device) if profiled and not args.quick else None
     if args.json:
         report = {"device": args.device, "rounds": args.rounds, "quick": args.quick, "machine": machine()}
         report["rows"] = [asdict(r) for r in rows]
         if gap is not None:
-            report["profile"] = {"objects": objects, "parts": gap}
+            report["profile"] = {"objects": objects, "parts": gap, "process_parts": process_gap}
         print(json.dumps(report))
     else:
         print(table(rows, args.rounds, args.device))
-        if gap is not None:
-            print(f"\nwhere the time goes: µs per object under cProfile ({objects} objects; own time, main thread)")
-            print("\n".join(pipeline.gap_table(gap)))
+        for title, parts in (("", gap), (" the worker as a process,", process_gap)):
+            if parts is not None:
+                print(f"\nwhere the time goes:{title} µs per object under cProfile ({objects} objects; own time)")
+                print("\n".join(pipeline.gap_table(parts)))
     return 0
 
 

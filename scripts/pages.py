@@ -267,6 +267,34 @@ def gap_section(report: dict[str, Any]) -> list[str]:
         *gap_table(profile["parts"]),
         "```",
         "",
+        *process_gap_section(profile),
+    ]
+
+
+def process_gap_section(profile: dict[str, Any]) -> list[str]:
+    """Where the worker's time goes when it is a process of its own (the bench's process rows)."""
+    from devbridge.bench.pipeline import gap_table
+
+    parts = profile.get("process_parts")
+    if not parts:
+        return []
+    rings, bridge = parts.get("rings", {"worker": 0.0}), parts.get("the bridge", {"worker": 0.0})
+    return [
+        "### The worker as a process",
+        "",
+        "The same for the worker as a process (`devbridge demo --processes 1`, `--batch 1`): its loop",
+        "profiled in the worker process, from its first take to its last commit, with a producer process",
+        "and the collector process beside it. It no longer checks outputs (the collector does) and no",
+        "producer thread takes the GIL from it; what it pays instead is the shared rings: a take, an",
+        f"output reservation and a commit that releases the input, {rings['worker']:.0f} µs per object here,",
+        f"beside {bridge['worker']:.0f} µs in the bridge's own calls. On this machine's two cores the",
+        "producer and the collector also take CPU time from the worker and from the device's kernels,",
+        "which a user's pipeline in one process does not share with anyone.",
+        "",
+        "```text",
+        *gap_table(parts),
+        "```",
+        "",
     ]
 
 

@@ -126,3 +126,14 @@ def test_lock_held_says_whether_another_process_holds_the_rings_lock(shared: Cal
     assert ring.stats()["consumer_pid"] == 0  # no consumer yet
     ring.consume()
     assert ring.stats()["consumer_pid"] == os.getpid()
+
+
+def test_the_benchmark_runs_the_process_worker_and_profiles_its_loop() -> None:
+    """The bench's process rows (left out of its smoke run): a rate from the worker's own time,
+    and its loop's profile beside the user's pipeline, in the parts of the page's table."""
+    from devbridge.bench import pipeline
+
+    assert pipeline.process_worker(48, "CPU", batch=8) > 0
+    parts = pipeline.process_gap(24, "CPU")
+    assert {"rings", "the bridge", "the worker's loop"} <= set(parts)
+    assert all(p["worker"] >= 0 and p["user"] >= 0 for p in parts.values())

@@ -50,14 +50,17 @@ from devbridge.apps.worker.workload import (
 )
 from devbridge.args import count
 from devbridge.backends.base import Backend
-from devbridge.errors import RingFullError, StaleHandleError, WaitTimeoutError
+from devbridge.errors import BridgeError, RingFullError, StaleHandleError, WaitTimeoutError
 from devbridge.ring import HostRange, HostRing
 from devbridge.shared_ring import RECLAIM_EVERY_S, SharedRing
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 from devbridge.trace import Trace, TraceClock, ends_of_open, read_cut
 
 #: The workers' counters, one row per worker process (by its consumer generation).
-FIELDS = ("redelivered", "finished_before", "fenced", "malformed", "faults_injected", "faults_recovered", "restarts")
+FIELDS = (
+    "redelivered", "finished_before", "fenced", "malformed", "faults_injected", "faults_recovered", "restarts",
+    "delivered", "busy_ns",  # objects it delivered, and the time from its first take to its last commit
+)  # fmt: skip
 ROWS = 4096
 #: Input records the input ring holds, and outputs the output ring holds, in batches.
 RING_BATCHES = 64
@@ -160,8 +163,9 @@ class RingFeed:
         self.stop = threading.Event()
         self.blocked_s = 0.0
         self.ready = False  # (records wait in the shared ring, not here)
-        self.row = _row(inputs.generation)
+        self.row = _row(0)  # (its own once it consumes)
         self.taken = 0  # batches handed to the worker
+        self.first_take = 0  # when the first was (perf_counter_ns)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[self.row + FIELDS.index(name)] += n
@@ -195,6 +199,8 @@ class RingFeed:
                 self.count("malformed")
                 timeout = 0
                 continue
+            if not self.taken:
+                self.first_take = time.perf_counter_ns()
             self.taken += 1
             return Batch(ks, r.sub(self.plan.in_header, len(ks) * self.plan.in_bytes), None, record=r)
 
@@ -212,6 +218,24 @@ class RingWorker(Worker):
 
     def ends(self, ks: Sequence[int], ring_objects: int) -> tuple[HostRing, HostRing, RingFeed]:
         return self.feed.inputs, self.feed.outputs, self.feed
+
+    def warm_up(self) -> None:
+        """Upload the weights and call the jitted MLP on a pooled slot until TinyJit captured it
+        (its first two calls trace and compile): before this worker takes over, so that a new
+        worker process's first objects do not wait for that. A failure here is left to the loop."""
+        self.upload_weights()
+        slot = self.take_slot()
+        if slot is None or self.mlp is None:
+            return
+        with contextlib.suppress(BridgeError):
+            for _ in range(2):
+                with self.bridge.compute(slot.x, slot.y) as event:
+                    self.mlp(slot.xv, slot.yv)
+                event.wait()
+        self.free_slots.append(slot)
+
+    def start(self) -> None:
+        self.since_restart = 0  # (the weights are uploaded by warm_up)
 
     def reserve_output(self, job: Job) -> HostRange:
         plan, record = self.feed.plan, job.record
@@ -247,6 +271,9 @@ class RingWorker(Worker):
         counters[row + FIELDS.index("faults_injected")] = self.injected()
         counters[row + FIELDS.index("faults_recovered")] = self.failures_retried
         counters[row + FIELDS.index("restarts")] = self.restarts
+        counters[row + FIELDS.index("delivered")] = self.deliveries
+        if self.deliveries:
+            counters[row + FIELDS.index("busy_ns")] = time.perf_counter_ns() - self.feed.first_take
 
 
 @dataclass(frozen=True)
@@ -296,7 +323,6 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
     inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
     part: Trace | None = None
     try:
-        inputs.consume()
         feed = RingFeed(spec.plan, inputs, outputs, counters, stop)
         inner = make_backend(spec.backend, spec.device)
         pump = fake_pump(inner, spec.fault_seed) if isinstance(inner, FakeBackend) else None
@@ -309,6 +335,9 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
             part = _part(spec.trace_dir, f"{spec.name}-{os.getpid()}")
         worker = make(backend, feed, restart_every=spec.restart_every, pump=pump, injected=injected, trace=part)
         try:
+            worker.warm_up()
+            inputs.consume()
+            feed.row = _row(inputs.generation)
             worker.run()
         except StaleHandleError as e:
             if e.rule != "GEN-2":
@@ -392,6 +421,9 @@ class ProcessSummary(Delivery):
     faults_injected: int
     faults_recovered: int
     restarts: int  # bridge restarts inside workers (--restart-every)
+    #: objects delivered per second of a worker's own time, from its first take to its last
+    #: commit (start-up and the producers' head start left out)
+    worker_objects_per_s: float
     backend: str
     leftover_segments: list[str] = field(default_factory=list)  # this run's names still in /dev/shm
 
@@ -534,6 +566,7 @@ def _run_processes(
         faults_injected=sums["faults_injected"],
         faults_recovered=sums["faults_recovered"],
         restarts=sums["restarts"],
+        worker_objects_per_s=sums["delivered"] / max(sums["busy_ns"] / 1e9, 1e-9),
         backend=backend,
         leftover_segments=leftover,
     )
