@@ -482,7 +482,9 @@ class SharedRing(HostRing):
                 bound = self._word(_H_SOURCE)
                 if bound not in (0, source._ring_id):
                     raise InvalidArgumentError("ARG-1", f"ring {self.name!r}'s outputs finish another ring's records")
-                done = self._finished_at(taken.seq) if bound else None
+                # (only a record delivered again can have been finished: one taken the first time
+                # was never any consumer's before)
+                done = self._finished_at(taken.seq) if bound and taken.redelivered else None
                 # Every word is checked: now the writes. The output's commit first (its last word is
                 # the commit point), then the input's release (its state word): a crash between the
                 # two leaves the input to be delivered again, and known finished by `done`.

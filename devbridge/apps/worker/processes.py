@@ -213,6 +213,7 @@ class RingWorker(Worker):
     def __init__(self, backend: Backend, feed: RingFeed, **options: Any) -> None:
         self.feed = feed
         self.next_reclaim = 0.0  # when a full output ring is next looked at for dead reservations
+        self.last_commit = 0  # when the last output was committed (perf_counter_ns)
         plan = feed.plan
         super().__init__(backend, 1 << 62, seed=plan.seed, shapes=plan.shapes, batch=plan.batch, **options)
 
@@ -220,15 +221,16 @@ class RingWorker(Worker):
         return self.feed.inputs, self.feed.outputs, self.feed
 
     def warm_up(self) -> None:
-        """Upload the weights and call the jitted MLP on a pooled slot until TinyJit captured it
-        (its first two calls trace and compile): before this worker takes over, so that a new
-        worker process's first objects do not wait for that. A failure here is left to the loop."""
+        """Upload the weights and call the jitted MLP on a pooled slot until TinyJit replays it
+        (its first call runs, its second captures, its third makes the replay's executor): before
+        this worker takes over, so that a new worker process's first objects do not wait for
+        that. A failure here is left to the loop."""
         self.upload_weights()
         slot = self.take_slot()
         if slot is None or self.mlp is None:
             return
         with contextlib.suppress(BridgeError):
-            for _ in range(2):
+            for _ in range(3):
                 with self.bridge.compute(slot.x, slot.y) as event:
                     self.mlp(slot.xv, slot.yv)
                 event.wait()
@@ -262,6 +264,7 @@ class RingWorker(Worker):
     def deliver(self, job: Job) -> None:
         assert job.out_record is not None and job.record is not None
         self.outputs.commit(job.out_record, finishes=job.record)  # the output, and its input's release
+        self.last_commit = time.perf_counter_ns()
         self.delivered(job)
         self.report()
 
@@ -273,7 +276,7 @@ class RingWorker(Worker):
         counters[row + FIELDS.index("restarts")] = self.restarts
         counters[row + FIELDS.index("delivered")] = self.deliveries
         if self.deliveries:
-            counters[row + FIELDS.index("busy_ns")] = time.perf_counter_ns() - self.feed.first_take
+            counters[row + FIELDS.index("busy_ns")] = self.last_commit - self.feed.first_take
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,10 @@ class WorkerSpec:
     restart_every: int
     fault_seed: int
     name: str = "worker-0"
+    #: threads a kernel of tinygrad's CPU device is split over (None: tinygrad's default, one per
+    #: core). One: the producers and the collector run on the same cores, and a kernel split over
+    #: every core waits for its slowest part, which any other process on a core delays.
+    kernel_threads: int | None = 1
     trace_dir: str | None = None  # each worker process writes its bridge's timeline there
 
 
@@ -320,6 +327,10 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
     """A worker process: attach both rings, take over as the input ring's consumer (what a
     predecessor took and did not finish comes again), and run until told to stop. Fenced by a
     newer worker (GEN-2), it counts that and ends, having changed nothing."""
+    if spec.kernel_threads is not None and "NUM_CPU_THREADS" not in os.environ:  # (the user's setting wins)
+        from tinygrad.helpers import NUM_CPU_THREADS
+
+        NUM_CPU_THREADS.value = spec.kernel_threads
     inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
     part: Trace | None = None
     try:
@@ -515,7 +526,9 @@ def _run_processes(
         workers = []
         for d, ((i, o), device) in enumerate(zip(names, devices, strict=True)):
             workers.append(f"worker-{d}")
-            spec = WorkerSpec(plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], trace_dir)
+            spec = WorkerSpec(
+                plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], trace_dir=trace_dir
+            )
             supervisor.spawn(workers[-1], work_target, spec, counters, stop, restart=True)
         next_kill, next_hang, shown = kill_every, hang_every, 0
         while delivered.value < objects:
