@@ -267,29 +267,38 @@ def gap_section(report: dict[str, Any]) -> list[str]:
         *gap_table(profile["parts"]),
         "```",
         "",
-        *process_gap_section(profile),
+        *process_gap_section(report, profile),
     ]
 
 
-def process_gap_section(profile: dict[str, Any]) -> list[str]:
+PROCESS_PARTS = ("rings", "the bridge", "the worker's loop")
+
+
+def process_gap_section(report: dict[str, Any], profile: dict[str, Any]) -> list[str]:
     """Where the worker's time goes when it is a process of its own (the bench's process rows)."""
     from devbridge.bench.pipeline import gap_table
 
     parts = profile.get("process_parts")
     if not parts:
         return []
-    rings, bridge = parts.get("rings", {"worker": 0.0}), parts.get("the bridge", {"worker": 0.0})
+    rings, bridge, loop = (parts.get(name, {"worker": 0.0})["worker"] for name in PROCESS_PARTS)
+    rows = keyed(report)
+    one, many = rows.get("process worker 1"), rows.get("process worker 8")
+    ratios = "" if one is None or many is None else f" ({one['ratio']:.2f} and {many['ratio']:.2f} above)"
     return [
         "### The worker as a process",
         "",
         "The same for the worker as a process (`devbridge demo --processes 1`, `--batch 1`): its loop",
-        "profiled in the worker process, from its first take to its last commit, with a producer process",
-        "and the collector process beside it. It no longer checks outputs (the collector does) and no",
-        "producer thread takes the GIL from it; what it pays instead is the shared rings: a take, an",
-        f"output reservation and a commit that releases the input, {rings['worker']:.0f} µs per object here,",
-        f"beside {bridge['worker']:.0f} µs in the bridge's own calls. On this machine's two cores the",
-        "producer and the collector also take CPU time from the worker and from the device's kernels,",
-        "which a user's pipeline in one process does not share with anyone.",
+        "profiled in the worker process, with a producer process and the collector process beside it.",
+        "It no longer checks outputs (the collector does) and no producer thread takes the GIL from it;",
+        "what it pays instead is the shared rings (a take, an output reservation, a commit that",
+        f"releases the input): {rings:.0f} µs per object here, beside {bridge:.0f} µs in the bridge's",
+        f"calls and {loop:.0f} µs in the worker's loop. What is left of",
+        f"the gap to the user's pipeline{ratios}: one object at a time, these per-call costs, which",
+        "the user's loop of three tinygrad calls does not have (each is paid once per batch, so",
+        "batching divides it); in batches, the cores: the producer and the collector run on the",
+        "same two cores as the worker and its device's kernels, which a pipeline in one process",
+        "shares with no one (the worker's CPU kernels run on one thread for that reason).",
         "",
         "```text",
         *gap_table(parts),

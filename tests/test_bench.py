@@ -38,6 +38,8 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
         "  reference worker --batch 1 (an object per upload, compute, download) / the same",
         "  reference worker --batch 8 / the user's pipeline, 8 objects per call",
         "  reference worker --batch 1 / the pipeline passing all six tensors to TinyJit",
+        "reference worker as a process, --batch 1 / the user's pipeline (a producer and a collector process beside it)",
+        "reference worker as a process, --batch 8 / the user's pipeline, 8 objects per call",
     ] + (
         [
             "reference worker --batch 8 on CL / the user's tinygrad pipeline on CL (50 objects)",
@@ -63,6 +65,11 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
         "sync copy 16 MiB": "sync host_to_device 16 MiB / raw _copyin",
         "alloc + free": "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate",
         "own alloc + free work": "the bridge's share alone (a backend that does nothing) / raw allocate + deallocate",
+        "process worker 1": (
+            "reference worker as a process, --batch 1 / the user's pipeline (a producer and a collector process "
+            "beside it)"
+        ),
+        "process worker 8": "reference worker as a process, --batch 8 / the user's pipeline, 8 objects per call",
     } | (
         {
             "CL worker / serial": (
@@ -88,6 +95,9 @@ def test_devbridge_bench_reports_every_goal_as_bridge_beside_raw(capsys: pytest.
         assert len(row["rounds"]) == 2 and all(b > 0 and r > 0 for b, r in row["rounds"])
         assert row["bridge"] == pytest.approx(sum(b for b, _ in row["rounds"]) / 2)
         assert row["ratio"] == pytest.approx(row["bridge"] / row["raw"])
+    for parts in (report["profile"]["parts"], report["profile"]["process_parts"]):  # where the time goes
+        assert {"the bridge", "the worker's loop", "rings"} <= set(parts)
+        assert all(p["worker"] >= 0 and p["user"] >= 0 for p in parts.values())
 
 
 @pytest.mark.parametrize(("ratio", "goal", "met"), [(1.0, "<= 1.0", True), (1.01, "<= 1.0", False),

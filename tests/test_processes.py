@@ -5,21 +5,25 @@ sees an output of: none twice, without de-duplicating."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import process_stages
 import pytest
+from harness import DEVICES
 from test_shared_ring import shared  # noqa: F401  (a fixture)
 
 from devbridge import HostRing
-from devbridge.apps.worker.processes import ProcessSummary, run_processes
+from devbridge.apps.worker.processes import ProcessSummary, process_state, run_processes
 from devbridge.segment import SHM_DIR
 from devbridge.trace import ends_of_open, read_cut
 
@@ -34,16 +38,20 @@ def assert_exactly_once(s: ProcessSummary, objects: int) -> None:
     assert s.leftover_segments == [] and demo_segments() == set()
 
 
+#: One worker process on CPU; then, where CL opens, a worker process on each of CPU and CL.
+DEVICE_SETS = [["CPU"]] + ([["CPU", "CL"]] if "CL" in DEVICES else [])
+
+
 @pytest.mark.holds("RING-7", "GEN-2")
-@pytest.mark.parametrize("device", ["CPU", "CL"])
-def test_a_killed_and_a_hung_worker_lose_nothing_and_repeat_nothing(device: str) -> None:
-    """160 objects on a device that fails at random and restarts its bridge every 40 objects; a
-    worker killed each time 60 more are delivered and one stopped at 90: every object delivered
-    once and right, the hang fenced, every child reaped, no segment left."""
-    s = run_processes(160, 2, "tinygrad", [device], faults=0.05, restart_every=40, kill_every=60, hang_every=90)
+@pytest.mark.parametrize("devices", DEVICE_SETS, ids=",".join)
+def test_a_killed_and_a_hung_worker_lose_nothing_and_repeat_nothing(devices: list[str]) -> None:
+    """160 objects on devices that fail at random and restart their bridges every 40 objects; a
+    worker killed each time 60 more are delivered (each device's in turn) and one stopped at 90:
+    every object delivered once and right, the hang fenced, every child reaped, no segment left."""
+    s = run_processes(160, 2, "tinygrad", devices, faults=0.05, restart_every=40, kill_every=60, hang_every=90)
     assert_exactly_once(s, 160)
     assert s.kills == 2 and s.hangs == 1 and s.fenced == 1
-    assert s.worker_starts == 1 + s.kills + s.hangs
+    assert s.worker_starts == len(devices) + s.kills + s.hangs and s.devices == devices
     assert s.faults_injected > 0 and s.restarts > 0
 
 
@@ -128,12 +136,37 @@ def test_lock_held_says_whether_another_process_holds_the_rings_lock(shared: Cal
     assert ring.stats()["consumer_pid"] == os.getpid()
 
 
-def test_the_benchmark_runs_the_process_worker_and_profiles_its_loop() -> None:
-    """The bench's process rows (left out of its smoke run): a rate from the worker's own time,
-    and its loop's profile beside the user's pipeline, in the parts of the page's table."""
-    from devbridge.bench import pipeline
+def children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
 
-    assert pipeline.process_worker(48, "CPU", batch=8) > 0
-    parts = pipeline.process_gap(24, "CPU")
-    assert {"rings", "the bridge", "the worker's loop"} <= set(parts)
-    assert all(p["worker"] >= 0 and p["user"] >= 0 for p in parts.values())
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_demo_ended_by_a_signal_reaps_every_child_and_unlinks_every_ring(sig: int) -> None:
+    """SIGTERM or SIGINT to `devbridge demo --processes` mid-run: it ends with the signal's exit
+    status, every process it started is gone and none of its rings is left in /dev/shm."""
+    argv = ["demo", "--processes", "2", "--backend", "fake", "--objects", "1000000", "--no-progress"]
+    demo = subprocess.Popen([sys.executable, "-m", "devbridge", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    prefix = f"devbridge-demo-{demo.pid}-"
+    try:
+        deadline = time.monotonic() + 60
+        while len(children_of(demo.pid)) < 4 or not any(n.startswith(prefix) for n in os.listdir(SHM_DIR)):
+            assert time.monotonic() < deadline and demo.poll() is None, "the demo never started its processes"
+            time.sleep(0.05)
+        time.sleep(1.0)  # mid-run: the worker is taking objects
+        children = children_of(demo.pid)
+        names = {c: Path(f"/proc/{c}/cmdline").read_bytes()[:150].decode(errors="replace") for c in children}
+        demo.send_signal(sig)
+        demo.wait(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode != 0
+    assert [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)] == []
+    # (none still running: multiprocessing's resource tracker ends once its parent is gone, and
+    # may stay a zombie until the machine's init reaps it)
+    running = {c: names[c] for c in children if process_state(c) not in (b"Z", b"X")}
+    assert running == {}

@@ -543,7 +543,9 @@ def _run_processes(
             if kill_every and done >= next_kill:
                 supervisor.kill(workers[kills % n])
                 kills, next_kill = kills + 1, next_kill + kill_every
-            if hang_every and done >= next_hang and hang(supervisor, workers[hangs % n], *rings[hangs % n]):
+            # each device's worker in turn, or the next that is its ring's consumer now
+            turn = [(hangs + t) % n for t in range(n)] if hang_every and done >= next_hang else []
+            if any(hang(supervisor, workers[d], *rings[d]) for d in turn):
                 hangs, next_hang = hangs + 1, next_hang + hang_every
         if progress is not None:
             progress(delivered.value)
@@ -592,7 +594,7 @@ def _wait_for(supervisor: Supervisor, names: Sequence[str], timeout: float = 60.
         supervisor.check(timeout=0.05)
 
 
-def _state(pid: int) -> bytes:
+def process_state(pid: int) -> bytes:
     """Process `pid`'s state letter from /proc (T: stopped, Z: dead, not yet reaped); b"X" once gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -613,7 +615,7 @@ def hang(supervisor: Supervisor, name: str, inputs: SharedRing, outputs: SharedR
     for _ in range(1000):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
-        while (state := _state(pid)) not in (b"T", b"Z", b"X"):  # (SIGSTOP arrives, not at once)
+        while (state := process_state(pid)) not in (b"T", b"Z", b"X"):  # (SIGSTOP arrives, not at once)
             time.sleep(0.0005)
         if state != b"T":
             return False  # it died meanwhile: nothing to hang
