@@ -191,6 +191,10 @@ PARTS = (
     ("devbridge/apps/worker/workload.py", "the numpy check"),
     ("devbridge/apps/", "the worker's loop"),
     ("devbridge/", "the bridge"),
+    # (the folders package-dir maps into devbridge: in a checkout their files keep their own paths)
+    ("/statemachine/", "the bridge"),
+    ("/backends/", "the bridge"),
+    ("/spec/", "the bridge"),
     ("tinygrad/engine/jit.py", "TinyJit: arguments"),
     ("tinygrad/uop/", "TinyJit: arguments"),
     ("tinygrad/runtime/", "kernels and copies"),

@@ -20,9 +20,10 @@ from pathlib import Path
 import process_stages
 import pytest
 from harness import DEVICES
+from rules import refused
 from test_shared_ring import shared  # noqa: F401  (a fixture)
 
-from devbridge import HostRing
+from devbridge import HostRing, InvalidArgumentError
 from devbridge.apps.worker.processes import ProcessSummary, process_state, run_processes
 from devbridge.segment import SHM_DIR
 from devbridge.trace import ends_of_open, read_cut
@@ -170,3 +171,36 @@ def test_a_demo_ended_by_a_signal_reaps_every_child_and_unlinks_every_ring(sig: 
     # may stay a zombie until the machine's init reaps it)
     running = {c: names[c] for c in children if process_state(c) not in (b"Z", b"X")}
     assert running == {}
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"objects": 0},
+        {"objects": "10"},
+        {"processes": 0},
+        {"processes": 1.5},
+        {"backend": "cuda"},
+        {"backend": None},
+        {"devices": []},
+        {"devices": "CPU"},
+        {"devices": ["CPU", "CPU"]},
+        {"devices": [3]},
+        {"devices": [""]},
+        {"backend": "fake", "devices": ["CPU"]},
+        {"kill_every": -1},
+        {"hang_every": True},
+        {"faults": 1.0},
+        {"batch": 0},
+        {"restart_every": -2},
+        {"seed": "0"},
+        {"progress": 5},
+    ],
+)
+def test_bad_options_are_refused_before_any_process_or_ring(options: dict[str, object]) -> None:
+    """Each bad option: ARG-1, naming it, and no process started, no ring made."""
+    before = children_of(os.getpid())
+    with refused("ARG-1", InvalidArgumentError):
+        run_processes(**{"objects": 10, "backend": "fake", **options})  # type: ignore[arg-type]
+    assert demo_segments() == set() and children_of(os.getpid()) == before

@@ -48,9 +48,9 @@ from devbridge.apps.worker.workload import (
     one_blas_thread,
     reference_mlp,
 )
-from devbridge.args import count
+from devbridge.args import count, refuse
 from devbridge.backends.base import Backend
-from devbridge.errors import BridgeError, RingFullError, StaleHandleError, WaitTimeoutError
+from devbridge.errors import BridgeError, RingFullError, StaleHandleError, WaitTimeoutError, short
 from devbridge.ring import HostRange, HostRing
 from devbridge.shared_ring import RECLAIM_EVERY_S, SharedRing
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
@@ -461,8 +461,9 @@ def run_processes(
     are, a worker is stopped (SIGSTOP), replaced, and continued once its replacement took over.
     Every child is reaped and every ring unlinked at the end, however it ends. With `trace` (a
     path), each worker process's bridge writes its timeline, all put together there at the end."""
-    check_demo(objects, faults, restart_every, batch)
-    count("processes", processes, least=1)
+    objects, processes, kill_every, hang_every, seed, devices = _checked(
+        objects, processes, backend, devices, faults, restart_every, kill_every, hang_every, seed, batch, progress
+    )
     timeline = None if trace is None else Trace(trace)
     with contextlib.ExitStack() as cleanup:
         trace_dir = None
@@ -476,6 +477,44 @@ def run_processes(
         if timeline is not None and trace_dir is not None:
             _merge_parts(timeline, trace_dir)
         return summary
+
+
+def _checked(
+    objects: object,
+    processes: object,
+    backend: object,
+    devices: object,
+    faults: object,
+    restart_every: object,
+    kill_every: object,
+    hang_every: object,
+    seed: object,
+    batch: object,
+    progress: object,
+) -> tuple[int, int, int, int, int, list[str | None]]:
+    """The run's options, checked before any process or ring is made (ARG-1)."""
+    check_demo(objects, faults, restart_every, batch)
+    if backend not in ("fake", "tinygrad"):
+        refuse(f"backend must be 'fake' or 'tinygrad', got {short(backend)}")
+    named = list(devices) if isinstance(devices, list | tuple) else []
+    if not named or not all(d is None or (type(d) is str and d) for d in named):
+        refuse(f"devices must be a non-empty list of device names (None: tinygrad's default), got {short(devices)}")
+    if backend == "fake" and any(d is not None for d in named):
+        refuse(f"the fake backend has no devices: each must be None, got {short(devices)}")
+    if backend != "fake" and len(set(named)) != len(named):
+        refuse(f"devices must be distinct, got {short(devices)}")
+    if progress is not None and not callable(progress):
+        refuse(f"progress must be callable, got {short(progress)}")
+    if type(seed) is not int:
+        refuse(f"seed must be an int, got {short(seed)}")
+    return (
+        count("objects", objects, least=1),
+        count("processes", processes, least=1),
+        count("kill_every", kill_every, note=" (0: never)"),
+        count("hang_every", hang_every, note=" (0: never)"),
+        seed,
+        named,
+    )
 
 
 def _run_processes(
@@ -493,8 +532,6 @@ def _run_processes(
     work_target: Callable[..., None],
     trace_dir: str | None,
 ) -> ProcessSummary:
-    count("kill_every", kill_every, note=" (0: never)")
-    count("hang_every", hang_every, note=" (0: never)")
     plan = Plan(objects, batch, seed)
     tag = f"devbridge-demo-{os.getpid()}-{random.getrandbits(32):08x}"
     n = len(devices)
