@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from rules import refused
 from test_shared_ring import shared  # noqa: F401  (a fixture)
 
 from devbridge import HostRing, InvalidArgumentError
-from devbridge.apps.worker.processes import ProcessSummary, process_state, run_processes
+from devbridge.apps.worker.processes import FIELDS, ROWS, Plan, ProcessSummary, RingFeed, process_state, run_processes
 from devbridge.segment import SHM_DIR
 from devbridge.trace import ends_of_open, read_cut
 
@@ -204,3 +205,35 @@ def test_bad_options_are_refused_before_any_process_or_ring(options: dict[str, o
     with refused("ARG-1", InvalidArgumentError):
         run_processes(**{"objects": 10, "backend": "fake", **options})  # type: ignore[arg-type]
     assert demo_segments() == set() and children_of(os.getpid()) == before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [0, 1, 2],  # no objects
+        [3, 1, 2],  # more objects than a batch
+        [2, 1, 99],  # an object the run does not have
+        [2, 1, -1],
+        [1, 1, 0],  # one object named, two objects' bytes
+    ],
+)
+def test_a_malformed_input_record_is_counted_released_and_never_computed_on(
+    bad: list[int],
+    shared: Callable[..., HostRing],  # noqa: F811
+) -> None:
+    """What a worker reads from a ring is checked before use: a record whose header does not
+    agree with what this run's producers write is released and counted, and the next is taken."""
+    plan = Plan(objects=10, batch=2, seed=0)
+    inputs, outputs = shared(1 << 16), shared(1 << 16)
+    for header in (bad, [2, 3, 4]):
+        r = inputs.reserve(plan.in_header + 2 * plan.in_bytes)
+        inputs.write(r, array("q", header).tobytes() + bytes(2 * plan.in_bytes))
+        inputs.commit(r)
+    counters = array("q", [0] * (ROWS * len(FIELDS)))
+    inputs.consume()
+    feed = RingFeed(plan, inputs, outputs, counters, type("Flag", (), {"value": 0})())  # type: ignore[arg-type]
+    batch = feed.take(1.0)
+    assert batch is not None and batch.ks == [3, 4] and batch.record is not None and batch.record.seq == 1
+    assert counters[FIELDS.index("malformed")] == 1
+    assert inputs.stats()["live"] == 1  # type: ignore[attr-defined]  # (the good one, taken; the bad one released)
+    inputs.release(batch.record)

@@ -25,6 +25,7 @@ import signal
 import tempfile
 import threading
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,13 @@ def _shared(ring: HostRing) -> SharedRing:
     return ring
 
 
+def _words(header: memoryview) -> list[int]:
+    """A record's header as ints (int64, native order)."""
+    words = array("q")
+    words.frombytes(header)
+    return words.tolist()
+
+
 def _row(generation: int) -> int:
     return (generation % ROWS) * len(FIELDS)
 
@@ -104,13 +112,17 @@ class Plan:
     def out_header(self) -> int:
         return 8 * (2 + self.batch)
 
-    def objects_of(self, header: np.ndarray[Any, Any], at: int, nbytes: int, each: int) -> list[int] | None:
+    def header(self, *words: int, ks: Sequence[int]) -> bytes:
+        """A record's header: `words`, the count of `ks`, `ks`, zeros up to `plan.batch` ids."""
+        return array("q", [*words, len(ks), *ks, *[0] * (self.batch - len(ks))]).tobytes()
+
+    def objects_of(self, header: list[int], at: int, nbytes: int, each: int) -> list[int] | None:
         """The object ids a record's header names (`header[at]` is their count), or None if the
         header and the record's size do not agree with a record this run makes."""
-        n = int(header[at])
+        n = header[at]
         if not 1 <= n <= self.batch or nbytes != 8 * (at + 1 + self.batch) + n * each:
             return None
-        ks = [int(k) for k in header[at + 1 : at + 1 + n]]
+        ks = header[at + 1 : at + 1 + n]
         return ks if all(0 <= k < self.objects for k in ks) else None
 
 
@@ -130,10 +142,8 @@ def produce(plan: Plan, ring_names: Sequence[str], ks: Sequence[int], stop: Any)
                 r = _reserve(ring, plan.in_header + len(part) * plan.in_bytes, stop)
                 if r is None:
                     return
-                head = np.zeros(1 + plan.batch, np.int64)
-                head[0], head[1 : 1 + len(part)] = len(part), part
                 view = ring.view(r)
-                view[: plan.in_header] = head.data.cast("B")
+                view[: plan.in_header] = plan.header(ks=part)
                 assert xs is not None
                 view[plan.in_header :] = xs[i : i + len(part)].data.cast("B")
                 del view
@@ -192,7 +202,7 @@ class RingFeed:
                     self.count("finished_before")
                     timeout = 0
                     continue
-            header = np.frombuffer(self.inputs.view(r)[: self.plan.in_header], np.int64)
+            header = _words(self.inputs.view(r)[: self.plan.in_header])
             ks = self.plan.objects_of(header, 0, r.nbytes, self.plan.in_bytes)
             if ks is None:  # not a record this run's producers write: never computed on
                 self.inputs.release(r)
@@ -255,9 +265,7 @@ class RingWorker(Worker):
             if not self.feed.outputs.reclaim():
                 raise
             o = self.outputs.reserve(nbytes)
-        head = np.zeros(2 + plan.batch, np.int64)
-        head[0], head[1], head[2 : 2 + len(job.ks)] = record.seq, len(job.ks), job.ks
-        self.outputs.view(o)[: plan.out_header] = head.data.cast("B")
+        self.outputs.view(o)[: plan.out_header] = plan.header(record.seq, ks=job.ks)
         job.out_record = o
         return o.sub(plan.out_header, len(job.ks) * plan.out_bytes)
 
@@ -390,12 +398,12 @@ def collect(plan: Plan, ring_names: Sequence[str], delivered: Any, finish: Any, 
                     continue
                 took = True
                 view = ring.view(r)
-                header = np.frombuffer(view[: plan.out_header], np.int64)
+                header = _words(view[: plan.out_header])
                 ks = plan.objects_of(header, 1, r.nbytes, plan.out_bytes)
                 if ks is None:
                     malformed += 1
                 else:
-                    seen[d, int(header[0])] += 1
+                    seen[d, header[0]] += 1
                     got = np.frombuffer(view[plan.out_header :], np.float32).reshape(len(ks), *answers.shape[1:])
                     for k, right in zip(ks, check(got, answers[ks]), strict=True):
                         tally.deliver(k, right)
