@@ -62,7 +62,7 @@ FIELDS = (
     "redelivered", "finished_before", "fenced", "malformed", "faults_injected", "faults_recovered", "restarts",
     "delivered", "busy_ns",  # objects it delivered, and the time from its first take to its last commit
 )  # fmt: skip
-ROWS = 4096
+ROWS = 8192
 #: Input records the input ring holds, and outputs the output ring holds, in batches.
 RING_BATCHES = 64
 
@@ -83,8 +83,9 @@ def _words(header: memoryview) -> list[int]:
     return words.tolist()
 
 
-def _row(generation: int) -> int:
-    return (generation % ROWS) * len(FIELDS)
+def _row(generation: int, devices: int, index: int) -> int:
+    """The first counter of the worker of device `index` that is its ring's consumer `generation`."""
+    return ((generation * devices + index) % ROWS) * len(FIELDS)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Plan:
     objects: int
     batch: int
     seed: int
+    devices: int = 1  # worker processes, a pair of rings each
     shapes: Shapes = DEMO_SHAPES
 
     @property
@@ -168,12 +170,15 @@ class RingFeed:
     records taken, their headers checked, redelivered ones whose output is committed already
     released at once."""
 
-    def __init__(self, plan: Plan, inputs: SharedRing, outputs: SharedRing, counters: Any, stop: Any) -> None:
+    def __init__(
+        self, plan: Plan, inputs: SharedRing, outputs: SharedRing, counters: Any, stop: Any, index: int = 0
+    ) -> None:
         self.plan, self.inputs, self.outputs, self.counters, self.stop_flag = plan, inputs, outputs, counters, stop
+        self.index = index  # its device's, among the run's
         self.stop = threading.Event()
         self.blocked_s = 0.0
         self.ready = False  # (records wait in the shared ring, not here)
-        self.row = _row(0)  # (its own once it consumes)
+        self.row = _row(0, plan.devices, index)  # (its own once it consumes)
         self.taken = 0  # batches handed to the worker
         self.first_take = 0  # when the first was (perf_counter_ns)
 
@@ -300,6 +305,7 @@ class WorkerSpec:
     restart_every: int
     fault_seed: int
     name: str = "worker-0"
+    index: int = 0  # its device's, among the run's
     #: threads a kernel of tinygrad's CPU device is split over (None: tinygrad's default, one per
     #: core). One: the producers and the collector run on the same cores, and a kernel split over
     #: every core waits for its slowest part, which any other process on a core delays.
@@ -342,7 +348,7 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
     inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
     part: Trace | None = None
     try:
-        feed = RingFeed(spec.plan, inputs, outputs, counters, stop)
+        feed = RingFeed(spec.plan, inputs, outputs, counters, stop, spec.index)
         inner = make_backend(spec.backend, spec.device)
         pump = fake_pump(inner, spec.fault_seed) if isinstance(inner, FakeBackend) else None
         backend: Backend = inner
@@ -356,7 +362,7 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
         try:
             worker.warm_up()
             inputs.consume()
-            feed.row = _row(inputs.generation)
+            feed.row = _row(inputs.generation, spec.plan.devices, spec.index)
             worker.run()
         except StaleHandleError as e:
             if e.rule != "GEN-2":
@@ -540,7 +546,7 @@ def _run_processes(
     work_target: Callable[..., None],
     trace_dir: str | None,
 ) -> ProcessSummary:
-    plan = Plan(objects, batch, seed)
+    plan = Plan(objects, batch, seed, len(devices))
     tag = f"devbridge-demo-{os.getpid()}-{random.getrandbits(32):08x}"
     n = len(devices)
     names = [(f"{tag}-in{d}", f"{tag}-out{d}") for d in range(n)]
@@ -572,7 +578,7 @@ def _run_processes(
         for d, ((i, o), device) in enumerate(zip(names, devices, strict=True)):
             workers.append(f"worker-{d}")
             spec = WorkerSpec(
-                plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], trace_dir=trace_dir
+                plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], d, trace_dir=trace_dir
             )
             supervisor.spawn(workers[-1], work_target, spec, counters, stop, restart=True)
         next_kill, next_hang, shown = kill_every, hang_every, 0
