@@ -337,14 +337,26 @@ def _merge_parts(trace: Trace, trace_dir: str) -> None:
         trace.include([*events, *ends_of_open(events, last)], pid=pid, label=name, clock=clock)
 
 
+def _tinygrad_settings(spec: WorkerSpec) -> None:
+    """tinygrad's settings in a worker process, where the user set none: CPU kernels on
+    `spec.kernel_threads` threads; the worker's device as tinygrad's default, so that tensors
+    made without a device (the MLP's constants) go to it and tinygrad does not open every device
+    it knows to find a default (a quarter of a second in each new worker process here)."""
+    import tinygrad.helpers
+
+    if spec.kernel_threads is not None and "NUM_CPU_THREADS" not in os.environ:
+        tinygrad.helpers.NUM_CPU_THREADS.value = spec.kernel_threads
+    device = "CPU" if spec.backend == "fake" else spec.device  # (the fake's views are CPU tensors)
+    default = getattr(tinygrad.helpers, "DEV", None)  # (a setting of recent tinygrad versions)
+    if device is not None and default is not None and "DEV" not in os.environ:
+        default.value = device
+
+
 def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWorker] = RingWorker) -> None:
     """A worker process: attach both rings, take over as the input ring's consumer (what a
     predecessor took and did not finish comes again), and run until told to stop. Fenced by a
     newer worker (GEN-2), it counts that and ends, having changed nothing."""
-    if spec.kernel_threads is not None and "NUM_CPU_THREADS" not in os.environ:  # (the user's setting wins)
-        from tinygrad.helpers import NUM_CPU_THREADS
-
-        NUM_CPU_THREADS.value = spec.kernel_threads
+    _tinygrad_settings(spec)
     inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
     part: Trace | None = None
     try:
@@ -557,7 +569,7 @@ def _run_processes(
     kills_allowed = objects // kill_every if kill_every else 0
     # intended kills are deaths too: the backoff stays short, and the limit above them
     supervisor = Supervisor(
-        rings=tuple(name for pair in names for name in pair), backoff=0.01, max_backoff=0.25,
+        rings=tuple(name for pair in names for name in pair), backoff=0.01, max_backoff=0.05,
         max_restarts=kills_allowed + 100,
     )  # fmt: skip
     kills = hangs = 0
