@@ -281,6 +281,14 @@ class RingWorker(Worker):
         self.delivered(job)
         self.report()
 
+    def quiesce(self, timeout: float = 5.0) -> None:
+        """Wait (at most `timeout` seconds) for the copies and computes of every job in flight:
+        before this process lets go of the rings' memory, no copy still reads or writes it (a
+        held download would otherwise be launched into a ring already closed)."""
+        events = [e for job in self.jobs for e in (job.event, job.computed, *job.old) if e is not None]
+        with contextlib.suppress(BridgeError):
+            self.bridge.wait_all(events, timeout=timeout)
+
     def report(self) -> None:
         """This worker's fault and restart counts, in its row."""
         row, counters = self.feed.row, self.feed.counters
@@ -359,6 +367,7 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
     _tinygrad_settings(spec)
     inputs, outputs = _attach(spec.inputs), _attach(spec.outputs)
     part: Trace | None = None
+    quiet: Callable[[], None] | None = None
     try:
         feed = RingFeed(spec.plan, inputs, outputs, counters, stop, spec.index)
         inner = make_backend(spec.backend, spec.device)
@@ -371,6 +380,7 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
         if spec.trace_dir is not None:
             part = _part(spec.trace_dir, f"{spec.name}-{os.getpid()}")
         worker = make(backend, feed, restart_every=spec.restart_every, pump=pump, injected=injected, trace=part)
+        quiet = worker.quiesce
         try:
             worker.warm_up()
             inputs.consume()
@@ -382,6 +392,8 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
             feed.count("fenced")
         worker.report()
     finally:
+        if quiet is not None:
+            quiet()
         if part is not None:
             part.close()
         inputs.close()
