@@ -72,8 +72,15 @@ class DeviceActor:
     each batch runs on a fresh reference worker over it."""
 
     def __init__(self, backend: str, device: str | None, faults: float, restart_every: int, seed: int) -> None:
+        import tinygrad.helpers
+
         from devbridge.apps.backends import make_backend
 
+        if "PARALLEL" not in os.environ:  # (the user's setting wins)
+            # kernels compiled in this process, not by tinygrad's pool of compile processes: an
+            # actor is killed with ray.kill, and its pool's processes and semaphores with it
+            # would outlive it
+            tinygrad.helpers.PARALLEL.value = 0
         self.backend = make_backend(backend, device)
         self.faults, self.restart_every, self.seed = faults, restart_every, seed
 
