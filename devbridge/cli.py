@@ -128,20 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="run as processes: P producer processes, a worker process per device, a collector process",
     )
-    demo.add_argument(
-        "--kill-worker-every",
-        type=at_least(1),
-        default=0,
-        metavar="K",
-        help="with --processes: SIGKILL a worker each time K more objects are delivered (it is started again)",
-    )
-    demo.add_argument(
-        "--hang-worker-every",
-        type=at_least(1),
-        default=0,
-        metavar="K",
-        help="with --processes: SIGSTOP a worker each time K more objects are delivered, replace it, continue it",
-    )
+    for what, meaning in (
+        ("kill", "SIGKILL a worker each time K more objects are delivered (it is started again)"),
+        ("hang", "SIGSTOP a worker each time K more objects are delivered, replace it, continue it"),
+    ):
+        demo.add_argument(
+            f"--{what}-worker-every", type=at_least(1), default=0, metavar="K", help=f"with --processes: {meaning}"
+        )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--trace", default=None, metavar="FILE", help="write a timeline (Chrome Trace JSON: Perfetto, chrome://tracing)"
@@ -359,14 +352,20 @@ def _run_demo(args: argparse.Namespace, backend: Backend, stderr: TextIO, shown:
     return 0 if clean else 1
 
 
+def device_names(option: str) -> list[str]:
+    """`--device A,B,...` as names; empty unless they are distinct and none is empty."""
+    names = option.split(",")
+    return names if len(set(names)) == len(names) and all(names) else []
+
+
 def run_processes_command(args: argparse.Namespace) -> int:
     """`demo --processes P`: producers, workers and a collector as processes (worker.run_processes)."""
     if not args.processes:
         return usage_error("demo", "--kill-worker-every and --hang-worker-every need --processes")
     if args.pins_report:
         return usage_error("demo", "--pins-report reports a worker in this process: leave out --processes")
-    devices: list[str | None] = [None] if args.device is None else list(args.device.split(","))
-    if args.device is not None and (len(set(devices)) != len(devices) or not all(devices)):
+    devices: list[str | None] = [None] if args.device is None else list(device_names(args.device))
+    if not devices:
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
     opened = [open_backend(args, device) for device in devices]  # each checked here, before any process
     if any(backend is None for backend in opened):
@@ -463,8 +462,8 @@ def run_devices_command(args: argparse.Namespace) -> int:
 
     if args.pins_report:
         return usage_error("demo", "--pins-report reports one worker: name one device")
-    devices = args.device.split(",")
-    if len(set(devices)) != len(devices) or not all(devices):
+    devices = device_names(args.device)
+    if not devices:
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
     if any(open_backend(args, device) is None for device in devices):
         return 2
