@@ -188,3 +188,21 @@ def test_a_run_s_actors_are_gone_when_it_returns() -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     subprocess.run([sys.executable, "-c", SCRIPT], check=True, capture_output=True, timeout=240, env=env)
     assert orphaned_actors() - before == set()
+
+
+def test_an_actor_compiles_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's pool of compile processes would outlive an actor killed with ray.kill (its
+    processes orphaned, its semaphores left in /dev/shm): an actor compiles in its own process,
+    unless the user set PARALLEL."""
+    import tinygrad.helpers
+
+    from devbridge.apps.fleet import DeviceActor
+
+    monkeypatch.setattr(tinygrad.helpers.PARALLEL, "value", 2)  # (put back after the test)
+    monkeypatch.delenv("PARALLEL", raising=False)
+    DeviceActor("fake", None, 0.0, 0, 0)
+    assert tinygrad.helpers.PARALLEL.value == 0
+    monkeypatch.setenv("PARALLEL", "3")
+    tinygrad.helpers.PARALLEL.value = 3
+    DeviceActor("fake", None, 0.0, 0, 0)
+    assert tinygrad.helpers.PARALLEL.value == 3

@@ -25,7 +25,7 @@ from rules import refused
 from test_shared_ring import shared  # noqa: F401  (a fixture)
 
 from devbridge import HostRing, InvalidArgumentError
-from devbridge.apps.worker.processes import FIELDS, ROWS, Plan, ProcessSummary, RingFeed, process_state, run_processes
+from devbridge.apps.worker.processes import FIELDS, ROWS, Plan, ProcessSummary, RingFeed, run_processes
 from devbridge.segment import SHM_DIR
 from devbridge.trace import ends_of_open, read_cut
 
@@ -142,6 +142,14 @@ def test_lock_held_says_whether_another_process_holds_the_rings_lock(shared: Cal
     assert ring.stats()["consumer_pid"] == os.getpid()
 
 
+def process_state(pid: int) -> bytes:
+    """Process `pid`'s state letter from /proc (Z: dead, not yet reaped); b"X" once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
 def children_of(pid: int) -> set[int]:
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -243,3 +251,20 @@ def test_a_malformed_input_record_is_counted_released_and_never_computed_on(
     assert counters[FIELDS.index("malformed")] == 1
     assert inputs.stats()["live"] == 1  # type: ignore[attr-defined]  # (the good one, taken; the bad one released)
     inputs.release(batch.record)
+
+
+def test_two_workers_count_their_deliveries_in_rows_of_their_own() -> None:
+    """Two worker processes (two fake devices, a pair of rings each), no kill: every object
+    delivered once, and the workers' own counts, one row each, add up to every object (two
+    workers of the same consumer generation on two rings keep apart rows)."""
+    s = run_processes(60, 1, "fake", [None, None], batch=2)
+    assert_exactly_once(s, 60)
+    assert s.worker_starts == 2 and s.worker_deliveries == 60
+
+
+def test_no_worker_is_killed_once_every_object_is_delivered() -> None:
+    """`kill_every` counts deliveries still to come: 60 objects, a kill every 30: one kill (at 30),
+    none at 60, when the run is over."""
+    s = run_processes(60, 1, "fake", [None], kill_every=30)
+    assert_exactly_once(s, 60)
+    assert s.kills == 1 and s.worker_starts == 2

@@ -473,6 +473,7 @@ class ProcessSummary(Delivery):
     #: objects delivered per second of a worker's own time, from its first take to its last
     #: commit (start-up and the producers' head start left out)
     worker_objects_per_s: float
+    worker_deliveries: int  # objects the workers delivered, by their own counts (one row each)
     backend: str
     leftover_segments: list[str] = field(default_factory=list)  # this run's names still in /dev/shm
 
@@ -606,10 +607,11 @@ def _run_processes(
             )
             supervisor.spawn(workers[-1], work_target, spec, counters, stop, restart=True)
         next_kill, next_hang, shown = kill_every, hang_every, 0
+        producers = [f"producer-{p}" for p in range(processes)]
         while delivered.value < objects:
             supervisor.check(timeout=0.01)
-            if not supervisor.running("collector"):
-                break
+            if not supervisor.running("collector") or any(supervisor.exitcode(p) for p in producers):
+                break  # (what never came is reported lost)
             done = delivered.value
             if progress is not None and done != shown:
                 progress(shown := done)
@@ -657,6 +659,7 @@ def _run_processes(
         faults_recovered=sums["faults_recovered"],
         restarts=sums["restarts"],
         worker_objects_per_s=sums["delivered"] / max(sums["busy_ns"] / 1e9, 1e-9),
+        worker_deliveries=sums["delivered"],
         backend=backend,
         leftover_segments=leftover,
     )
@@ -669,13 +672,17 @@ def _wait_for(supervisor: Supervisor, names: Sequence[str], timeout: float = 60.
         supervisor.check(timeout=0.05)
 
 
-def process_state(pid: int) -> bytes:
-    """Process `pid`'s state letter from /proc (T: stopped, Z: dead, not yet reaped); b"X" once gone."""
+def _until_stopped(pid: int) -> bool:
+    """Block until child `pid` is stopped (True) or has ended (False; its exit is left for the
+    supervisor to reap). A stop's report is taken, so that the next stop is reported anew."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return b"X"
+        info = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        if info is None or info.si_code != os.CLD_STOPPED:
+            return False
+        os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
+    except ChildProcessError:  # (reaped already)
+        return False
+    return True
 
 
 def hang(supervisor: Supervisor, name: str, inputs: SharedRing, outputs: SharedRing, wait: float = 60.0) -> bool:
@@ -690,9 +697,7 @@ def hang(supervisor: Supervisor, name: str, inputs: SharedRing, outputs: SharedR
     for _ in range(1000):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
-        while (state := process_state(pid)) not in (b"T", b"Z", b"X"):  # (SIGSTOP arrives, not at once)
-            time.sleep(0.0005)
-        if state != b"T":
+        if not _until_stopped(pid):
             return False  # it died meanwhile: nothing to hang
         if not (inputs.lock_held() or outputs.lock_held()):
             break
