@@ -253,18 +253,12 @@ def test_a_malformed_input_record_is_counted_released_and_never_computed_on(
     inputs.release(batch.record)
 
 
-def test_two_workers_count_their_deliveries_in_rows_of_their_own() -> None:
-    """Two worker processes (two fake devices, a pair of rings each), no kill: every object
-    delivered once, and the workers' own counts, one row each, add up to every object (two
-    workers of the same consumer generation on two rings keep apart rows)."""
-    s = run_processes(60, 1, "fake", [None, None], batch=2)
+def test_two_workers_count_in_rows_of_their_own_and_no_kill_follows_the_last_object() -> None:
+    """Two worker processes (two fake devices, a pair of rings each), a worker killed each time 30
+    more objects are delivered: one kill (at 30), none at 60, when the run is over; the workers'
+    own counts, one row each, add up to every object (two workers of one consumer generation on
+    two rings keep apart rows; a kill between a commit and its count may miss one batch)."""
+    s = run_processes(60, 1, "fake", [None, None], kill_every=30, batch=2)
     assert_exactly_once(s, 60)
-    assert s.worker_starts == 2 and s.worker_deliveries == 60
-
-
-def test_no_worker_is_killed_once_every_object_is_delivered() -> None:
-    """`kill_every` counts deliveries still to come: 60 objects, a kill every 30: one kill (at 30),
-    none at 60, when the run is over."""
-    s = run_processes(60, 1, "fake", [None], kill_every=30)
-    assert_exactly_once(s, 60)
-    assert s.kills == 1 and s.worker_starts == 2
+    assert s.kills == 1 and s.worker_starts == 3
+    assert 60 - 2 <= s.worker_deliveries <= 60
