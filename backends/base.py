@@ -16,24 +16,20 @@ reported and never retried: the Bridge asks once per buffer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from devbridge.args import as_count
+from devbridge.errors import InvalidArgumentError, short
+
+# the core's vocabulary for a token's status, which a backend's `query` answers in
+from devbridge.statemachine.status import OK as OK
+from devbridge.statemachine.status import PENDING as PENDING
+from devbridge.statemachine.status import Status as Status
 
 
 class BackendError(Exception):
     """A device-side failure (allocation, copy, compute or view)."""
 
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """An event token's status: pending, done, or done with an error message."""
-
-    done: bool
-    error: str | None = None
-
-
-PENDING = Status(False)
-OK = Status(True)
 
 #: Backend operations a test can make fail (FakeBackend.fail_next, FaultyBackend.fail_next).
 FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query", "wait")
@@ -41,9 +37,6 @@ FAULTABLE = ("alloc", "free", "copy_in", "copy_out", "compute", "view", "query",
 
 def fault_count(op: object, times: object) -> int:
     """`times` as a count of faults to arm for `op`; ARG-1 for an unknown op or a bad count."""
-    from devbridge.args import as_count
-    from devbridge.errors import InvalidArgumentError, short
-
     count = as_count(times)
     if type(op) is not str or op not in FAULTABLE or count is None or count <= 0:
         raise InvalidArgumentError(

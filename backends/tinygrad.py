@@ -76,7 +76,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from devbridge.backends import tinygrad_compat as tg
-from devbridge.backends.base import OK, PENDING, Backend, BackendError, Status, implements
+from devbridge.backends.base import Backend, BackendError, implements
+from devbridge.statemachine.status import OK, PENDING, Status
 
 if TYPE_CHECKING:
     from devbridge.backends.tinygrad_cl import CLQueue, Command

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devbridge._checkout import script
+from devbridge.checkout import script
 from devbridge.models import checker, sansio
 
 

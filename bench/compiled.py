@@ -13,15 +13,13 @@ over the processes.
 
 What mypyc needs, and so what the copies change:
 
-- `statemachine/machine.py` loses its module-level `__getattr__` (the old names it serves with
-  a warning): a compiled module that defines one crashes the interpreter on import;
 - `statemachine/records.py`: `InvariantViolation` (an `AssertionError`) is a non-native class,
   and the record fields typed `object` are typed `Any` (a compiled dataclass cannot resolve
   the annotation `object`);
-- `engine.py`: `Engine` allows interpreted subclasses (the Bridge, which has two bases, and
+- `bridge/engine.py`: `Engine` allows interpreted subclasses (the Bridge, which has two bases, and
   native classes allow one).
 
-`ring.py` and `types.py` stay interpreted: their frozen ranges are built without their checks
+`ring/host.py` and `types.py` stay interpreted: their frozen ranges are built without their checks
 by `object.__new__` on the hot path, which a native class refuses.
 
 Needs a C compiler (clang or gcc) and mypy (the `dev` extra).
@@ -48,15 +46,14 @@ COMPILED = (
     "statemachine/ledger.py",
     "statemachine/core.py",
     "statemachine/machine.py",
-    "engine.py",
-    "events.py",
-    "buffers.py",
-    "transfer.py",
+    "bridge/engine.py",
+    "bridge/events.py",
+    "ring/buffers.py",
+    "bridge/transfer.py",
 )
 
 #: (file, text, replacement): what mypyc needs changed (each text must be found exactly once).
 CHANGES = (
-    ("statemachine/machine.py", "def __getattr__(name: str) -> Any:\n    return moved(name, __name__)\n", ""),
     (
         "statemachine/records.py",
         "class InvariantViolation(AssertionError):",
@@ -66,7 +63,7 @@ CHANGES = (
     ("statemachine/records.py", "    memory: object  #", "    memory: Any  #"),
     ("statemachine/records.py", "    handle: object = None  #", "    handle: Any = None  #"),
     (
-        "engine.py",
+        "bridge/engine.py",
         "\nclass Engine:",
         "\nfrom mypy_extensions import mypyc_attr\n\n\n@mypyc_attr(allow_interpreted_subclasses=True)\nclass Engine:",
     ),
@@ -160,9 +157,9 @@ def measure() -> dict[str, float]:
     figures = {name: min(p[i] for p in passes) * 1e6 for i, name in enumerate(FIGURES)}
     small.check()  # the copies landed
     large.check()
-    import devbridge.engine
+    import devbridge.bridge.engine
 
-    figures["compiled"] = float(not devbridge.engine.__file__.endswith(".py"))
+    figures["compiled"] = float(not devbridge.bridge.engine.__file__.endswith(".py"))
     return figures
 
 

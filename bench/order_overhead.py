@@ -35,9 +35,9 @@ import numpy as np
 
 import devbridge
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
-from devbridge._checkout import script
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.backends.tinygrad import TinygradBackend
+from devbridge.checkout import script
 
 DEVICE = "CPU"
 

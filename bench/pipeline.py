@@ -183,18 +183,15 @@ def profiling(profiler: cProfile.Profile | None) -> Iterator[None]:
 
 #: The parts of a run, by where the time is spent (the first match of a file's path wins).
 PARTS = (
-    ("devbridge/ring.py", "rings"),
-    ("devbridge/shared_ring.py", "rings"),
-    ("devbridge/segment.py", "rings"),
-    ("devbridge/events.py", "events"),
-    ("devbridge/aio.py", "events"),
-    ("devbridge/apps/worker/workload.py", "the numpy check"),
-    ("devbridge/apps/", "the worker's loop"),
-    ("devbridge/", "the bridge"),
-    # (the folders package-dir maps into devbridge: in a checkout their files keep their own paths)
-    ("/statemachine/", "the bridge"),
-    ("/backends/", "the bridge"),
-    ("/spec/", "the bridge"),
+    ("ring/host.py", "rings"),
+    ("ring/shared.py", "rings"),
+    ("ring/segment.py", "rings"),
+    ("bridge/events.py", "events"),
+    ("bridge/aio.py", "events"),
+    ("apps/worker/workload.py", "the numpy check"),
+    ("apps/", "the worker's loop"),
+    # the rest of the package, by its folders (as installed, or in a checkout)
+    *((f"/{d}/", "the bridge") for d in ("devbridge", "api", "bridge", "ring", "statemachine", "backends", "spec")),
     ("tinygrad/engine/jit.py", "TinyJit: arguments"),
     ("tinygrad/uop/", "TinyJit: arguments"),
     ("tinygrad/runtime/", "kernels and copies"),
@@ -219,7 +216,7 @@ def parts_of(stats: pstats.Stats, objects: int) -> Counter[str]:
     for (path, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
         own_s = row[2]
         # (a shared ring's futex wait is waiting: a take that found no record yet)
-        sleeping = path.endswith("devbridge/segment.py") and function == "wait"
+        sleeping = path.endswith("ring/segment.py") and function == "wait"
         part = "waiting" if sleeping else next((name for key, name in PARTS if key in path), None)
         if part is None:
             part = "waiting" if "acquire" in function or "wait" in function else "Python, other"

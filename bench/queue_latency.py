@@ -27,9 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import astuple
 from pathlib import Path
 
-from devbridge._checkout import script
 from devbridge.backends import tinygrad_compat as tg
 from devbridge.bench.order_overhead import Version, current, import_old
+from devbridge.checkout import script
 
 NBYTES = 64 << 10
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
-from devbridge.backends.base import OK, Status
+from devbridge.statemachine.status import OK, Status
 
 SPEC = ObjectSpec("x", "uint8")
 

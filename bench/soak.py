@@ -25,7 +25,7 @@ from devbridge.testing import FakeBackend
 
 SPEC = ObjectSpec("x", "uint8")
 #: The runtime's files, in a checkout (spec/, ...) or installed (devbridge/spec/, ...); not bench/.
-OWN = ["*/devbridge/*", "*/backends/*", "*/statemachine/*", "*/spec/*"]
+OWN = [f"*/{folder}/*" for folder in ("devbridge", "api", "bridge", "ring", "backends", "statemachine", "spec")]
 
 
 @dataclass(frozen=True)

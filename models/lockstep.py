@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from devbridge.bridge import Bridge
+from devbridge.bridge.bridge import Bridge
+from devbridge.bridge.events import ComputeEvent, Event
 from devbridge.errors import BridgeError
-from devbridge.events import ComputeEvent, Event
 from devbridge.models.reference import VIEW_ALIGNMENT, Fail, ReferenceModel, Reject
-from devbridge.ring import HostRange, HostRing
+from devbridge.ring.host import HostRange, HostRing
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
 from devbridge.statemachine.machine import Step
 from devbridge.testing.fake import FakeBackend, FakeEvent, FakeViolation

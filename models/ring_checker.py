@@ -34,11 +34,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from devbridge import shared_ring
 from devbridge.errors import BridgeError, StaleHandleError, WaitTimeoutError
-from devbridge.ring import HostRange, HostRing
-from devbridge.segment import SHM_DIR
-from devbridge.shared_ring import SharedRing
+from devbridge.ring import shared as shared_ring
+from devbridge.ring.host import HostRange, HostRing
+from devbridge.ring.segment import SHM_DIR
+from devbridge.ring.shared import SharedRing
 from devbridge.spec.ring import load_ring
 
 Action = tuple[Any, ...]

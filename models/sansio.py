@@ -50,12 +50,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
-from devbridge.backends.base import PENDING, Status
 from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
 from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
 from devbridge.models.explorer import Expansion, explore
-from devbridge.ring import HostRange, HostRing, RingState
+from devbridge.ring.host import HostRange, HostRing, RingState
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine import default_table
@@ -68,6 +67,7 @@ from devbridge.statemachine.core import (
     InvariantViolation,
     LifecycleCore,
 )
+from devbridge.statemachine.status import PENDING, Status
 
 #: A state, canonical: (generation, faults injected so far, the ring's bookkeeping moved back
 #: by whole laps, the allocations sorted by what they are). Each allocation is (generations

@@ -20,7 +20,7 @@ excusing what the tests can now tell apart. The score of a file is (killed + tim
 (mutants - equivalent); timeouts are counted apart from kills in the report.
 
     scripts/mutate                       # every file in FILES, 2 jobs; report in scripts/mutation-report.md
-    scripts/mutate --files devbridge/ring.py --jobs 1
+    scripts/mutate --files ring/host.py --jobs 1
     scripts/mutate --resume              # go on with a stopped run (its log: scripts/mutation-report.jsonl)
     scripts/mutate --again               # rerun what the last run did not kill (after new tests)
 
@@ -58,16 +58,16 @@ FILES = (
     "statemachine/ledger.py",
     "statemachine/core.py",
     "statemachine/machine.py",
-    "devbridge/engine.py",
-    "devbridge/bridge.py",
-    "devbridge/waiting.py",
-    "devbridge/introspection.py",
-    "devbridge/ring.py",
-    "devbridge/shared_ring.py",
-    "devbridge/segment.py",
-    "devbridge/buffers.py",
-    "devbridge/events.py",
-    "devbridge/testing/fake.py",
+    "bridge/engine.py",
+    "bridge/bridge.py",
+    "bridge/waiting.py",
+    "bridge/introspection.py",
+    "ring/host.py",
+    "ring/shared.py",
+    "ring/segment.py",
+    "ring/buffers.py",
+    "bridge/events.py",
+    "testing/fake.py",
     "backends/tinygrad.py",
     "backends/tinygrad_compat.py",
 )

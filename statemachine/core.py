@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from devbridge.backends.base import OK, Status
 from devbridge.errors import BridgeError, OrderingError
 from devbridge.statemachine.ledger import Ledger
 from devbridge.statemachine.records import (
@@ -43,6 +42,7 @@ from devbridge.statemachine.records import (
     Plan,
     packaged_lookups,
 )
+from devbridge.statemachine.status import OK, Status
 
 # the core's records and its ledger, importable from here as before
 __all__ = [

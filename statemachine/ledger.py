@@ -72,7 +72,7 @@ class Ledger:
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
         self.observer: Callable[[str, str, Step], None] | None = None
-        #: Told of every state change, use and restart as it happens (a timeline: devbridge.trace).
+        #: Told of every state change, use and restart as it happens (a timeline: devbridge.bridge.trace).
         self.tracer: Tracer | None = None
         #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
         self.edge_observer: Callable[[str, str, str], None] | None = None

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from devbridge.spec import LEVELS, Lifecycle, Outcome, Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 
 #: Names that moved to devbridge.models.machine; served from here for one release, with a warning.
-MOVED = ("Rejected", "GuardModel", "build_machine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,19 +83,3 @@ def default_table() -> Table:
     if _DEFAULT is None:
         _DEFAULT = compile_table()
     return _DEFAULT
-
-
-def __getattr__(name: str) -> Any:
-    return moved(name, __name__)
-
-
-def moved(name: str, old: str) -> Any:
-    """A name of MOVED, read from the old module `old`: the warning names the caller's line (two
-    frames up: the old module's `__getattr__`, then its caller)."""
-    if name not in MOVED:
-        raise AttributeError(f"module {old!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"{old}.{name} moved to devbridge.models.machine", DeprecationWarning, stacklevel=3)
-    return getattr(importlib.import_module("devbridge.models.machine"), name)

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
-from devbridge.backends.base import Status
 from devbridge.errors import ERRORS, BridgeError
 from devbridge.spec import Lifecycle
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, default_table
+from devbridge.statemachine.status import Status
 
 #: Kinds of use in flight, and the spec event that begins and ends each.
 USE_EVENTS: Mapping[str, tuple[str, str]] = {
@@ -100,7 +100,7 @@ class Executor(Protocol):
 
 
 class Tracer(Protocol):
-    """What the core reports as it goes, to whoever draws a timeline (devbridge.trace)."""
+    """What the core reports as it goes, to whoever draws a timeline (devbridge.bridge.trace)."""
 
     def state(self, record: Allocation, event: str, state: str) -> None:
         """The allocation is in `state` after `event` (a terminal state is its last)."""

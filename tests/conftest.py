@@ -18,7 +18,7 @@ from devbridge.backends.fake import FakeBackend
 # Hypothesis draws, now and then, a literal constant found in the loaded modules of the project
 # under test (its "local constants"), so a derandomized run's examples depended on which of our
 # modules the process had imported before it: on the tests that ran earlier (importing
-# devbridge.cli alone took one mutant hunt from 969 machines to 832). No local constants: the
+# devbridge.cli.main alone took one mutant hunt from 969 machines to 832). No local constants: the
 # same examples in every process and order. (Hypothesis is pinned; tests/test_reproducible.py checks
 # that this hook is still there.)
 providers._get_local_constants = lambda: providers.Constants()

@@ -14,11 +14,11 @@ from typing import Any
 from unittest import mock
 
 from devbridge import Bridge, DeviceRange, HostRing, RangeError
-from devbridge.backends.base import OK
 from devbridge.backends.fake import FakeBackend
 from devbridge.spec import Lifecycle, guard_values
 from devbridge.statemachine.core import Effects, InFlight, LifecycleCore, packaged_lookups
 from devbridge.statemachine.machine import Step, Table
+from devbridge.statemachine.status import OK
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 MUTANTS: dict[str, Mutant] = {}

@@ -71,7 +71,8 @@ def produce(name: str, producer: int, count: int, largest: int, log: str, until:
 def consume(name: str, log: str, device: str = "none") -> None:
     """Take the consumer role ("S generation" in the log), then take, check and release records
     until the STOP record: "D seq producer index redelivered ok generation" for each record
-    taken, logged before its release. A fenced call ends the process: "F generation rule".
+    taken, logged before its release. A fenced call ends the process: "F generation rule", and
+    "F generation rule unreleased" when the release of the record just logged was refused.
     `device`: "none" reads the bytes from the ring; "fake", "CPU" or "CL" uploads each record
     through a Bridge and downloads it into an in-process ring, and checks those bytes."""
     from devbridge import Bridge, HostRing, StaleHandleError
@@ -99,7 +100,7 @@ def consume(name: str, log: str, device: str = "none") -> None:
 
 
 def _drain(ring: Any, log: str, generation: int, bridge: Any, out: Any) -> None:
-    from devbridge import DeviceRange, ObjectSpec
+    from devbridge import DeviceRange, ObjectSpec, StaleHandleError
 
     while True:
         r = ring.take(timeout=60)
@@ -115,7 +116,13 @@ def _drain(ring: Any, log: str, generation: int, bridge: Any, out: Any) -> None:
             bridge.free_device(handle)
         producer, index, ok = identify(data)
         _log(log, f"D {r.seq} {producer} {index} {int(r.redelivered)} {int(ok)} {generation}")
-        ring.release(r)
+        try:
+            ring.release(r)
+        except StaleHandleError as e:
+            # replaced while it held r (stopped after its take): the bytes it read were no longer
+            # its own, and this take is no delivery; r went to the replacement
+            _log(log, f"F {generation} {e.rule} unreleased")
+            os._exit(3)
         if producer == STOP:
             return
 

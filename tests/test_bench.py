@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from devbridge._checkout import script
 from devbridge.backends.tinygrad import TinygradBackend
 from devbridge.bench import checker_speed
 from devbridge.bench.suite import Row
-from devbridge.cli import main
+from devbridge.checkout import script
+from devbridge.cli.main import main
 
 REVISIONS = script("revisions")  # the checkout's revision builder (bench --old)
 

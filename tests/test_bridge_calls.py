@@ -17,8 +17,8 @@ import pytest
 from rules import deferred, refused
 from support import put
 
-import devbridge.bridge as bridge_module
-import devbridge.waiting as waiting_module
+import devbridge.bridge.bridge as bridge_module
+import devbridge.bridge.waiting as waiting_module
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, StaleHandleError, TensorViewSpec
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import DEFAULT_CAPACITY, Call, FakeBackend

@@ -14,7 +14,7 @@ from mutants import KILLS, MUTANTS
 
 from devbridge import LifecycleError
 from devbridge.backends.fake import FakeBackend
-from devbridge.cli import main
+from devbridge.cli.main import main
 from devbridge.models.checker import PROFILES, Bound, check, describe, render, replay
 from devbridge.statemachine.core import LifecycleCore
 

@@ -155,7 +155,7 @@ def test_check_runs_the_ring_protocol_checker(tmp_path: Path) -> None:
 
 
 def test_compiler_chatter_on_file_descriptor_2_is_dropped_and_the_rest_kept(capfd: pytest.CaptureFixture[str]) -> None:
-    from devbridge.cli import without_compiler_chatter
+    from devbridge.cli.main import without_compiler_chatter
 
     with without_compiler_chatter() as live:
         os.write(2, b"1 warning generated.\nan error of our own\n12 warnings generated.\n")

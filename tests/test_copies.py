@@ -16,9 +16,9 @@ from devbridge import (
     OutputCopyError,
     OutputNotReadyError,
 )
-from devbridge.backends.base import Status
 from devbridge.backends.fake import GUARD, GUARD_BYTE, Call, FakeBackend, FakeViolation
-from devbridge.events import Event
+from devbridge.bridge.events import Event
+from devbridge.statemachine.status import Status
 
 
 @pytest.mark.holds("H2D-1", "H2D-2")

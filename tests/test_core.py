@@ -19,10 +19,10 @@ from devbridge import (
     StaleHandleError,
     TensorViewSpec,
 )
-from devbridge.backends.base import Status
 from devbridge.backends.fake import FakeBackend
 from devbridge.statemachine import LifecycleCore
 from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
+from devbridge.statemachine.status import Status
 
 
 @pytest.mark.holds("EVENT-1")

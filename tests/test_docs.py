@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from devbridge import Bridge, InvalidHandleError, ObjectSpec
-from devbridge._checkout import script
 from devbridge.backends.fake import FakeBackend
-from devbridge.cli import main
+from devbridge.checkout import script
+from devbridge.cli.main import main
 from devbridge.errors import CONTRACT_PATH
 from devbridge.spec import SEED_PATH, SPEC_PATH, load
 

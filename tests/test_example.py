@@ -8,7 +8,7 @@ import pytest
 from harness import COMPUTE_DEVICES, DEVICES
 
 from devbridge.apps.example import run_example
-from devbridge.cli import main
+from devbridge.cli.main import main
 
 # (backend, device, deferred frees): the fake finishes a download when told, so y is freed while it
 # is in flight; CPU and PYTHON finish a copy at submission, so y is idle when it is freed; on CL the

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from rules import refused
 
-from devbridge.backends.base import OK, BackendError
+from devbridge.backends.base import BackendError
 from devbridge.backends.fake import GUARD, GUARD_BYTE, POISON_BYTE, Call, FakeBackend, FakeViolation
+from devbridge.statemachine.status import OK
 
 
 def violation(fake: FakeBackend, call: Callable[[], object]) -> tuple[str, str]:

@@ -11,8 +11,9 @@ import pytest
 from rules import refused
 from test_shared_ring import ring_of, shared  # noqa: F401  (fixtures)
 
-from devbridge import HostRange, HostRing, shared_ring
-from devbridge.shared_ring import SharedRing
+from devbridge import HostRange, HostRing
+from devbridge.ring import shared as shared_ring
+from devbridge.ring.shared import SharedRing
 
 
 class Died(BaseException):

@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 
 from devbridge.apps.fleet import FleetUnavailable, ray_module, run_fleet
-from devbridge.cli import main
+from devbridge.cli.main import main
 from devbridge.errors import InvalidArgumentError
 
 ray: Any = pytest.importorskip("ray", reason="the fleet's tests need the ray extra: pip install 'devbridge[ray]'")
@@ -57,8 +57,8 @@ def test_a_fleet_trace_holds_the_driver_and_every_returned_batch_each_a_process_
     """The driver's batches are spans on one track per actor, kills are marked on them, and each
     batch whose call returned brings its bridge's timeline as a process of its own, on the
     driver's clock; the whole checks against the spec."""
+    from devbridge.bridge.trace import check_trace
     from devbridge.spec import load
-    from devbridge.trace import check_trace
 
     path = tmp_path / "fleet.json"
     s = run_fleet(objects=120, workers=2, backend="fake", kill_every=50, batch=20, trace=str(path))

@@ -9,9 +9,10 @@ import logging
 import pytest
 from support import U8, put
 
-from devbridge import Bridge, DeviceRange, HostRing, WaitTimeoutError, engine, events, introspection, waiting
-from devbridge import bridge as bridge_module
+from devbridge import Bridge, DeviceRange, HostRing, WaitTimeoutError
 from devbridge.backends.fake import FakeBackend
+from devbridge.bridge import bridge as bridge_module
+from devbridge.bridge import engine, events, introspection, waiting
 
 
 class FrozenClock:

@@ -1,14 +1,12 @@
 """The import graph: layers that point one way, no cycle (pyproject's import-linter contracts).
 
 The contracts run on the package as it is installed: a tree laid out from the checkout by
-pyproject's package-dir (devbridge/, spec/ as devbridge/spec, ...). Each seeded break must
+pyproject's package-dir (api/ as devbridge/, spec/ as devbridge/spec, ...). Each seeded break must
 break exactly the contract it is meant to, and the tree as it is must keep both."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -16,31 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from devbridge.checkout import script
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 LAYERS, ACYCLIC = "layers point one way", "no import cycle"
 PURE, INDEPENDENT = "the spec and the core are pure", "the backends are independent"
 CONTRACTS = (LAYERS, PURE, INDEPENDENT, ACYCLIC)
 KEPT = dict.fromkeys(CONTRACTS, "KEPT")
-
-
-def package_tree(into: Path) -> Path:
-    """The installed package's tree, laid out from the checkout by pyproject's package-dir."""
-    mapping = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in sorted(mapping.items()):
-        shutil.copytree(
-            ROOT / folder, into / package.replace(".", "/"), ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-        )
-    return into
-
-
-def lint_imports(tree: Path) -> tuple[int, str]:
-    lint = Path(sys.executable).with_name("lint-imports")
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    run = subprocess.run(
-        [str(lint), str(PYPROJECT), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
-    )
-    return run.returncode, run.stdout + run.stderr
+#: the installed package's tree, laid out from the checkout by pyproject's package-dir
+package_tree, lint_imports = script("package_tree").package_tree, script("package_tree").lint_imports
 
 
 def verdicts(output: str) -> dict[str, str]:
@@ -57,25 +40,26 @@ SEEDED = {
     # the bottom importing the top, if only for type hints (and the bridge imports errors: a cycle)
     "errors imports the bridge for a type hint": (
         "devbridge/errors.py",
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from devbridge.bridge import Bridge\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from devbridge.bridge.bridge import Bridge\n",
         KEPT | {LAYERS: "BROKEN", ACYCLIC: "BROKEN", PURE: "BROKEN"},  # the core imports errors: numpy via the bridge
     ),
-    # the core reaching up into the runtime (whose ring uses numpy for its arrays: impure too)
+    # the core reaching up into the Bridge (whose ring uses numpy for its arrays: impure too; and
+    # the Bridge imports the core: a cycle between the folders)
     "the core imports the events": (
         "devbridge/statemachine/core.py",
-        "from devbridge.events import Link\n",
-        KEPT | {LAYERS: "BROKEN", PURE: "BROKEN"},
+        "from devbridge.bridge.events import Link\n",
+        KEPT | {LAYERS: "BROKEN", PURE: "BROKEN", ACYCLIC: "BROKEN"},
     ),
     # a value type reaching up to the backend protocol: the layers contract alone
     "the value types import the backend protocol": (
         "devbridge/types.py",
-        "from devbridge.backends.base import Status\n",
+        "from devbridge.backends.base import Backend\n",
         KEPT | {LAYERS: "BROKEN"},
     ),
     # ring <-> events: upward, and a cycle between siblings
     "the ring imports the events": (
-        "devbridge/ring.py",
-        "import devbridge.events\n",
+        "devbridge/ring/host.py",
+        "import devbridge.bridge.events\n",
         KEPT | {LAYERS: "BROKEN", ACYCLIC: "BROKEN"},
     ),
     # inside one layer (models/): only the cycle contract sees it
@@ -115,37 +99,32 @@ def test_a_seeded_break_breaks_its_contract(tmp_path: Path, seeded: str) -> None
     assert (code, verdicts(output)) == (1, expected), output
 
 
-def test_a_checkout_serves_the_mapped_folders_as_devbridge_and_nothing_else() -> None:
-    """Run from the checkout's root, `devbridge` is the checkout's folder: its subpackages are
-    the sibling folders pyproject maps (spec/, statemachine/, ...), and no other folder of the
-    checkout (tests/, scripts/, .venv/) is importable through it."""
+def test_run_from_the_checkout_devbridge_is_the_installed_package_and_nothing_shadows_it() -> None:
+    """From the checkout's root, `devbridge` and each of its packages are the folders pyproject
+    maps (no folder of the root is named devbridge, and no import hook serves one), and no other
+    folder of the checkout (tests/, scripts/) is importable through it."""
+    mapping = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-dir"]
     probe = (
-        "import importlib, json\n"
-        "import devbridge\n"
+        "import importlib, json, pathlib\n"
         "out = {}\n"
-        "for name in ('spec', 'statemachine', 'backends', 'models', 'bench', 'tests', 'scripts', 'bench.suite',"
-        " 'tests.conftest', 'testing', 'apps.worker'):\n"
+        f"for name in {[*mapping, 'devbridge.tests', 'devbridge.scripts']!r}:\n"
         "    try:\n"
-        "        out[name] = importlib.import_module('devbridge.' + name).__file__\n"
+        "        out[name] = str(pathlib.Path(importlib.import_module(name).__file__).resolve())\n"
         "    except ModuleNotFoundError as e:\n"
         "        out[name] = type(e).__name__\n"
         "print(json.dumps(out))\n"
     )
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    got = json.loads(run.stdout)
-    assert got == {
-        "spec": str(ROOT / "spec" / "__init__.py"),
-        "statemachine": str(ROOT / "statemachine" / "__init__.py"),
-        "backends": str(ROOT / "backends" / "__init__.py"),
-        "models": str(ROOT / "models" / "__init__.py"),
-        "bench": str(ROOT / "bench" / "__init__.py"),
-        "tests": "ModuleNotFoundError",
-        "scripts": "ModuleNotFoundError",
-        "bench.suite": str(ROOT / "bench" / "suite.py"),
-        "tests.conftest": "ModuleNotFoundError",
-        "testing": str(ROOT / "devbridge" / "testing" / "__init__.py"),
-        "apps.worker": str(ROOT / "devbridge" / "apps" / "worker" / "__init__.py"),
+    assert json.loads(run.stdout) == {
+        **{name: str(ROOT / folder / "__init__.py") for name, folder in mapping.items()},
+        "devbridge.tests": "ModuleNotFoundError",
+        "devbridge.scripts": "ModuleNotFoundError",
     }, run.stderr
+    assert not (ROOT / "devbridge").exists()
+    version = subprocess.run(
+        [sys.executable, "-m", "devbridge", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (version.returncode, version.stdout.split()[0]) == (0, "devbridge"), version.stderr
 
 
 def test_the_layers_page_of_the_docs_lists_the_contracts_layers() -> None:

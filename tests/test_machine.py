@@ -117,29 +117,3 @@ def test_a_guard_model_reads_no_uses_in_flight_by_default_and_nothing_else() -> 
     assert model.actions == ["release_memory"]
     with pytest.raises(AttributeError, match="not_a_guard"):
         model.not_a_guard  # noqa: B018
-
-
-def test_the_machines_old_paths_serve_it_with_a_deprecation_warning() -> None:
-    import devbridge.statemachine
-    import devbridge.statemachine.machine
-
-    with pytest.warns(DeprecationWarning, match="statemachine.build_machine moved to devbridge.models") as caught:
-        assert devbridge.statemachine.build_machine is build_machine
-    assert caught[0].filename == __file__  # the warning names the line that read the old name
-    for name, value in (("GuardModel", GuardModel), ("Rejected", Rejected), ("build_machine", build_machine)):
-        with pytest.warns(DeprecationWarning, match=f"statemachine.machine.{name} moved to devbridge.models") as caught:
-            assert getattr(devbridge.statemachine.machine, name) is value
-        assert caught[0].filename == __file__
-    for module in (devbridge.statemachine, devbridge.statemachine.machine):
-        with pytest.raises(AttributeError, match="has no attribute 'Machine'"):
-            module.Machine  # noqa: B018
-
-
-def test_the_core_loads_none_of_transitions_numpy_or_tinygrad() -> None:
-    import subprocess
-    import sys
-
-    heavy = "{'transitions', 'numpy', 'tinygrad'}"
-    probe = f"import sys, devbridge.statemachine.core; print(sorted({heavy} & set(sys.modules)))"
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd="/")
-    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr

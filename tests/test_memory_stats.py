@@ -10,7 +10,7 @@ import pytest
 from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
-from devbridge.memory import MemoryCounts, MemoryStats
+from devbridge.bridge.memory import MemoryCounts, MemoryStats
 from devbridge.testing import FakeBackend
 
 IN, W = ObjectSpec("x", "uint8", role="input"), ObjectSpec("w", "float32", role="weights")

@@ -109,7 +109,7 @@ def test_listing_what_is_left_leaves_the_log_of_a_stopped_run_alone(
     mutate: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--list --resume` prints what a resumed run would run; the log it read stays byte for byte."""
-    file = "devbridge/events.py"
+    file = "bridge/events.py"
     first = mutate.mutants_of(file, (SCRIPT.parent.parent / file).read_text())[0]
     report = tmp_path / "report.md"
     log = report.with_suffix(".jsonl")
@@ -143,7 +143,7 @@ def test_every_listed_equivalent_is_a_mutant_of_today_on_the_line_its_reason_was
 
 def test_a_listed_mutant_counts_as_equivalent_only_while_it_survives_on_its_line(mutate: ModuleType) -> None:
     root = SCRIPT.parent.parent
-    m = next(m for m in mutate.mutants_of("devbridge/events.py", (root / "devbridge/events.py").read_text()))
+    m = next(m for m in mutate.mutants_of("bridge/events.py", (root / "bridge/events.py").read_text()))
     here = mutate.source_line(m)
     entry = mutate.Equivalent(m.key, here, "nothing observes it")
     assert mutate.judge(None, m, "survived", "") == ("survived", "")

@@ -22,7 +22,7 @@ from tinygrad.tensor import Tensor
 
 from devbridge import Bridge, DeviceRange, HostRange, HostRing, ObjectSpec, TensorViewSpec
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.events import CopyEvent
+from devbridge.bridge.events import CopyEvent
 
 BLOB = ObjectSpec("blob", "uint8")
 RUNS = 2000  # copies only

@@ -109,7 +109,7 @@ def test_the_demos_pins_report_names_what_still_holds_each_allocation_at_the_end
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from devbridge.apps.worker import run_demo
-    from devbridge.cli import main
+    from devbridge.cli.main import main
 
     summary = run_demo(60, "tinygrad", "CPU", restart_every=20, pins_report=True)
     assert summary.restarts == 2 and summary.pinned

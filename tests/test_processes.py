@@ -26,8 +26,8 @@ from test_shared_ring import shared  # noqa: F401  (a fixture)
 
 from devbridge import HostRing, InvalidArgumentError
 from devbridge.apps.worker.processes import FIELDS, ROWS, Plan, ProcessSummary, RingFeed, run_processes
-from devbridge.segment import SHM_DIR
-from devbridge.trace import ends_of_open, read_cut
+from devbridge.bridge.trace import ends_of_open, read_cut
+from devbridge.ring.segment import SHM_DIR
 
 
 def demo_segments() -> set[str]:

@@ -214,7 +214,7 @@ def test_a_ring_may_be_up_to_1_tib_and_no_larger() -> None:
     ],
 )
 def test_cutting_bytes_out_of_spans_keeps_exactly_the_rest(cut: tuple[int, int], left: list[tuple[int, int]]) -> None:
-    from devbridge.ring import _minus
+    from devbridge.ring.host import _minus
 
     assert _minus([(0, 10), (20, 30)], (0, 4)) == [(4, 10), (20, 30)]
     assert _minus([(4, 10), (20, 30)], cut) == left
@@ -225,7 +225,7 @@ def test_cutting_bytes_out_of_spans_keeps_exactly_the_rest(cut: tuple[int, int],
 def test_a_ring_of_1_byte_to_1_tib_is_allowed_and_a_failed_allocation_is_range_1(
     capacity: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import devbridge.ring
+    import devbridge.ring.host
 
     asked: list[int] = []
 
@@ -235,7 +235,7 @@ def test_a_ring_of_1_byte_to_1_tib_is_allowed_and_a_failed_allocation_is_range_1
             raise MemoryError
         return bytearray(size)
 
-    monkeypatch.setattr(devbridge.ring, "bytearray", no_memory, raising=False)
+    monkeypatch.setattr(devbridge.ring.host, "bytearray", no_memory, raising=False)
     if capacity == 1:
         assert HostRing(1).capacity == 1 and asked == [1]
     else:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from devbridge import shared_ring
 from devbridge.models.ring_checker import RING_PROFILES, RingBound, check_ring
-from devbridge.ring import HostRange, HostRing
-from devbridge.shared_ring import SharedRing
+from devbridge.ring import shared as shared_ring
+from devbridge.ring.host import HostRange, HostRing
+from devbridge.ring.shared import SharedRing
 from devbridge.spec import SpecError
 from devbridge.spec.ring import RING_SPEC_PATH, load_ring, parse_ring
 

@@ -300,7 +300,7 @@ def test_a_reserve_whose_deadline_is_reached_exactly_gives_up_without_another_sl
 ) -> None:
     """With `timeout` seconds passed to the tick (a coarse clock), the reserve is refused at
     once: the clock is read twice, for the deadline and for what is left, and never again."""
-    import devbridge.ring
+    import devbridge.ring.host
 
     ticks = iter([100.0, 101.0])
 
@@ -312,7 +312,7 @@ def test_a_reserve_whose_deadline_is_reached_exactly_gives_up_without_another_sl
     ring = HostRing(16)
     ring.reserve(16)
     before = ring.snapshot()
-    monkeypatch.setattr(devbridge.ring, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+    monkeypatch.setattr(devbridge.ring.host, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
     with refused("RING-2"):
         ring.reserve(8, timeout=1.0)
     assert ring.snapshot() == before and ring._waiting == 0
@@ -322,13 +322,13 @@ def test_a_reserve_whose_deadline_is_reached_exactly_gives_up_without_another_sl
 def test_a_reservation_that_fits_never_reads_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reserve that fits returns at once whatever its timeout: no deadline is computed and no
     waiter counted (the per-call path)."""
-    import devbridge.ring
+    import devbridge.ring.host
 
     def clock() -> float:
         raise AssertionError("a reservation that fits read the clock")
 
     ring = HostRing(16)
-    monkeypatch.setattr(devbridge.ring, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+    monkeypatch.setattr(devbridge.ring.host, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
     for timeout in (0.0, 0, 1.0, 1, math.inf, None):
         r = ring.reserve(8, timeout=timeout)
         assert (r.start, r.nbytes, ring._waiting) == (ring.snapshot()[0] - 8, 8, 0)

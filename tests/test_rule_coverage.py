@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from devbridge._checkout import script
+from devbridge.checkout import script
 from devbridge.spec import load
 
 rule_tests = script("docs").rule_tests

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mutants import MUTANTS, VALUES_KILLS
 
-from devbridge.cli import main
+from devbridge.cli.main import main
 from devbridge.errors import RangeError, RingFullError
 from devbridge.models import sansio
 from devbridge.models.checker import PROFILES, Bound
-from devbridge.ring import HostRange, HostRing
+from devbridge.ring.host import HostRange, HostRing
 from devbridge.statemachine.core import LifecycleCore
 
 DEFAULT = PROFILES["default"]

@@ -33,7 +33,7 @@ from devbridge import (
     StaleHandleError,
     WaitTimeoutError,
 )
-from devbridge.segment import SHM_DIR
+from devbridge.ring.segment import SHM_DIR
 from devbridge.testing import FakeBackend
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -548,7 +548,7 @@ def test_a_reservation_reclaimed_under_a_live_producer_is_never_committed(shared
 
 
 def test_a_process_proc_cannot_describe_is_taken_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
-    from devbridge import segment
+    from devbridge.ring import segment
 
     pid, started = segment.this_process()
     assert segment.alive(pid, started) and not segment.alive(pid, started + 1) and not segment.alive(0, 0)

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
-from devbridge.stats import COUNTED, LIVE, Pins, Stats
+from devbridge.bridge.stats import COUNTED, LIVE, Pins, Stats
 from devbridge.testing import FakeBackend
 
 

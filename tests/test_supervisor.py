@@ -17,7 +17,7 @@ from test_shared_ring import ring_name
 
 from devbridge import HostRing, InvalidArgumentError
 from devbridge.apps.supervisor import Supervisor, TooManyRestarts
-from devbridge.segment import SHM_DIR
+from devbridge.ring.segment import SHM_DIR
 
 
 def starts(log: Path) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devbridge.apps import timeline
-from devbridge.cli import main
+from devbridge.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"

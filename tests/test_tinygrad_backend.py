@@ -378,7 +378,7 @@ def test_a_token_reports_its_commands_or_copys_failure() -> None:
     succeeded is OK; one still running is pending."""
     from concurrent.futures import Future
 
-    from devbridge.backends.base import OK, PENDING, Status
+    from devbridge.statemachine.status import OK, PENDING, Status
 
     class Finished:
         def __init__(self, error: str | None, done: bool = True) -> None:

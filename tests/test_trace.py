@@ -1,4 +1,4 @@
-"""The timeline trace (devbridge.trace): valid Chrome Trace JSON whose allocation tracks follow
+"""The timeline trace (devbridge.bridge.trace): valid Chrome Trace JSON whose allocation tracks follow
 the spec's transitions, from the demo with faults and restarts on every device, and a checker
 that names each defect a broken trace can have."""
 
@@ -17,9 +17,9 @@ from support import U8
 from devbridge import Bridge, DeviceRange, HostRing, InvalidArgumentError
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import FakeBackend
-from devbridge.cli import main
+from devbridge.bridge.trace import MEMORY, Trace, TraceClock, check_trace
+from devbridge.cli.main import main
 from devbridge.spec import load
-from devbridge.trace import MEMORY, Trace, TraceClock, check_trace
 
 TRANSITIONS = {(t.source, t.dest) for t in load().transitions}
 

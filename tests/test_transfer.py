@@ -9,8 +9,8 @@ from harness import HARNESSES, Harness
 from rules import refused
 
 from devbridge import Bridge, DeviceRange, HostRing, ObjectSpec
+from devbridge.bridge.transfer import STAGING_BYTES
 from devbridge.testing import FakeBackend
-from devbridge.transfer import STAGING_BYTES
 
 F32 = ObjectSpec("x", "float32")
 

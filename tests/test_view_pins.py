@@ -29,7 +29,7 @@ from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, T
 from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.backends.tinygrad import TinygradBackend
-from devbridge.stats import Pins
+from devbridge.bridge.stats import Pins
 
 
 @dataclass

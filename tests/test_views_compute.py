@@ -20,7 +20,7 @@ from devbridge import (
     TensorViewSpec,
 )
 from devbridge.backends.fake import Call, FakeBackend
-from devbridge.stats import Holder
+from devbridge.bridge.stats import Holder
 
 
 def floats(*values: float) -> bytes:

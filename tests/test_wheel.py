@@ -8,13 +8,15 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "devbridge", "spec", "statemachine", "backends", "models", "bench")
+PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", *PACKAGE_DIRS.values())
 TIMEOUT_S = 300
 
 

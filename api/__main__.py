@@ -1,0 +1,5 @@
+import sys
+
+from devbridge.cli.main import main
+
+sys.exit(main())

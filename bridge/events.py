@@ -1,0 +1,186 @@
+"""Copy and compute events as the worker sees them, and the one channel between them and the
+Bridge that issued them (`Link`): events never reach into the Bridge, nor the Bridge into them."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Generator
+from types import TracebackType
+from typing import Any
+
+from devbridge.args import as_seconds
+from devbridge.errors import BridgeError, WaitTimeoutError
+from devbridge.ring.host import HostRange
+from devbridge.types import DeviceHandle, DeviceRange
+
+
+class Link:
+    """A Bridge's side of its events. The Bridge gives it what an event may ask of it (apply
+    what the backend finished, block on the backend, close a compute's block) and settles
+    events through it; an event holds its bridge's Link, which also says whose event it is."""
+
+    __slots__ = ("block", "close", "enter", "future", "refresh")
+
+    def __init__(
+        self,
+        refresh: Callable[[Event], None],
+        block: Callable[[Event, float | None], None],
+        enter: Callable[[ComputeEvent], None],
+        close: Callable[[ComputeEvent], None],
+        future: Callable[[Event], asyncio.Future[None]],
+    ) -> None:
+        self.refresh = refresh  # apply what the backend finished for this event (and what it follows)
+        self.block = block  # block on the backend until it may have finished, or the timeout passes
+        self.enter = enter  # a compute's block begins: it cannot end before the block does
+        self.close = close  # a compute's block is over: its work is all enqueued
+        self.future = future  # an asyncio future of the running loop that ends as the event does
+
+    def copied(
+        self, use_id: int, backend_token: object, src: HostRange | DeviceRange, dst: HostRange | DeviceRange
+    ) -> CopyEvent:
+        """The event of a copy done before its event was made (a synchronous one): settled."""
+        event = CopyEvent(self, use_id, backend_token, src, dst)
+        event._done = True
+        return event
+
+    def owns(self, event: object) -> bool:
+        return isinstance(event, Event) and event._link is self
+
+    @staticmethod
+    def settle(event: Event, error: BridgeError | None) -> None:
+        """The event is done: its effects were applied; `error` is its failure, if any."""
+        event._settle(error)
+
+
+class Event:
+    """A use in flight on the backend. Done once the backend finished it and the Bridge
+    applied its effects (released host bytes, made output valid, ran deferred frees)."""
+
+    def __init__(self, link: Link, use_id: int, backend_token: object) -> None:
+        self._link = link
+        self.use_id = use_id
+        self.backend_token = backend_token
+        self._done = False
+        self._error: BridgeError | None = None
+
+    def _settle(self, error: BridgeError | None) -> None:
+        """Done, its effects applied (through its bridge's Link only); `error`: its failure."""
+        self._error = error
+        self._done = True
+
+    def done(self) -> bool:
+        """Whether the use is over and its effects applied; asks the bridge to apply what the
+        backend finished, never blocks. Never raises."""
+        if not self._done:
+            self._link.refresh(self)
+        return self._done
+
+    @property
+    def error(self) -> BridgeError | None:
+        """The failure (DeviceCopyError, OutputCopyError, ComputeError, or StaleHandleError
+        for a use a restart aborted); None while pending or on success."""
+        self.done()
+        return self._error
+
+    def __await__(self) -> Generator[Any, None, None]:
+        """`await event` in asyncio: returns once it is done, raises its failure; with
+        `asyncio.wait_for(event, timeout)` for a timeout. No thread per event: the bridge's
+        one watcher settles every awaited event as the backend reports completions."""
+        return self._link.future(self).__await__()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
+        `timeout` seconds pass first (WAIT-1): the wait blocks on the backend, never spins."""
+        ends = deadline(timeout)
+        if not self._done:  # (done already, the common case: no call)
+            wait_done(self, ends, timeout)
+        if self._error is not None:
+            raise self._error
+
+
+def wait_done(event: Event, ends: float | None, timeout: object) -> None:
+    """The one wait for one event (Event.wait, Bridge.wait_all): block on the backend through the
+    event's Link until it is done; WaitTimeoutError (WAIT-1) once `ends` (a `deadline` of
+    `timeout`) passes."""
+    while not event.done():
+        remaining = None if ends is None else ends - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
+        event._link.block(event, remaining)
+
+
+def deadline(timeout: object) -> float | None:
+    """When a wait of `timeout` seconds ends (None: never). ARG-1 for anything but None or a
+    non-negative number."""
+    if timeout is None:
+        return None
+    seconds = as_seconds(timeout, "timeout")
+    return None if math.isinf(seconds) else time.monotonic() + seconds
+
+
+class CopyEvent(Event):
+    """A host_to_device or device_to_host copy. `src` and `dst` are exactly the requested ranges."""
+
+    def __init__(
+        self,
+        link: Link,
+        use_id: int,
+        backend_token: object,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+    ) -> None:
+        # (Event's fields set here, not by super().__init__: a copy's event is made on the per-call path)
+        self._link = link
+        self.use_id = use_id
+        self.backend_token = backend_token
+        self._done = False
+        self._error: BridgeError | None = None
+        self.src = src
+        self.dst = dst
+
+    def __repr__(self) -> str:
+        return f"CopyEvent(#{self.use_id}, {self.src!r} -> {self.dst!r})"
+
+
+class ComputeEvent(Event):
+    """Compute on `handles`: they are in use by compute from the call until the event is done.
+
+    As a context manager the event stays open for the block (the work the block
+    enqueues is covered) and cannot complete before the block exits.
+    """
+
+    def __init__(self, link: Link, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
+        super().__init__(link, use_id, backend_token)
+        self.handles = handles
+        self.open = False
+
+    def __enter__(self) -> ComputeEvent:
+        """Open the block: the tinygrad work it queues is what the compute covers, so the
+        event cannot complete before the block ends."""
+        self.open = True
+        self._link.enter(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the block: its work is all queued; the event completes when the device has run
+        it. An exception in the block passes through."""
+        self.open = False
+        self._link.close(self)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waiting declares the compute work submitted: an open event is closed first."""
+        deadline(timeout)  # a refused timeout leaves the event open
+        if self.open:
+            self.open = False
+            self._link.close(self)
+        super().wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"ComputeEvent(#{self.use_id}, handles={[h.id for h in self.handles]})"

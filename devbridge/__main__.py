@@ -1,5 +1,0 @@
-import sys
-
-from devbridge.cli import main
-
-sys.exit(main())

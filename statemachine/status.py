@@ -1,0 +1,20 @@
+"""The core's vocabulary for a backend's answer: an event token's status.
+
+A backend's `query` returns one (`devbridge.backends.base.Backend`); the core decides on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """An event token's status: pending, done, or done with an error message."""
+
+    done: bool
+    error: str | None = None
+
+
+PENDING = Status(False)
+OK = Status(True)
