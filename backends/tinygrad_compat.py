@@ -196,7 +196,7 @@ def host_bytes(buffer: Buffer) -> memoryview | None:
 
 #: Byte alignment of a view's offset that tinygrad's kernels run on. Measured on CPU (clang):
 #: 4-byte dtypes at offsets that are not multiples of 16 crash the process in the first
-#: vectorized kernel (float4 loads); every dtype ran at multiples of 16 (tests/test_view_alignment.py).
+#: vectorized kernel (float4 loads); every dtype ran at multiples of 16 (tests/backends/test_view_alignment.py).
 #: GPU renderers vectorize the same way, so 16 is used for every device until measured there.
 VIEW_ALIGNMENT = 16
 
@@ -232,7 +232,7 @@ def blob_view(address: int, shape: tuple[int, ...], dtype: str) -> Tensor:
 def view_anchor(view: Tensor) -> Buffer:
     """The Buffer under a view. Every tinygrad object that can reach the view's memory holds it
     (through its UOp graph: movement ops, lazy ops, assign, load_state_dict(consume=True), TinyJit
-    captures), so it is collected exactly when none is left (measured in tests/test_view_pins.py)."""
+    captures), so it is collected exactly when none is left (measured in tests/bridge/test_view_pins.py)."""
     buffer = view.uop.base.buffer
     assert isinstance(buffer, Buffer)
     return buffer

@@ -59,11 +59,17 @@ class Version:
 
 
 def import_old(pkg: Path) -> Version:
-    mods = script("revisions").import_revision(pkg, "bridge", "ring", "types", "backends.tinygrad", "statemachine.core")
+    revisions, rest = script("revisions"), ("types", "backends.tinygrad", "statemachine.core")
+    try:
+        mods = revisions.import_revision(pkg, "bridge.bridge", "ring.host", *rest)
+        bridge, ring = mods["bridge.bridge"], mods["ring.host"]
+    except ModuleNotFoundError:  # a revision from before the folders were the layers
+        mods = revisions.import_revision(pkg, "bridge", "ring", *rest)
+        bridge, ring = mods["bridge"], mods["ring"]
     old = Version(
         "old",
-        mods["bridge"].Bridge,
-        mods["ring"].HostRing,
+        bridge.Bridge,
+        ring.HostRing,
         mods["backends.tinygrad"].TinygradBackend,
         mods["types"].DeviceRange,
         mods["types"].ObjectSpec,

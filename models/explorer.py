@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import multiprocessing.pool
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Generator
@@ -182,6 +183,16 @@ def fork_pool(
     pool its results and hung the search (a process that had used a CL device, then forked)."""
     gc.freeze()
     try:
-        return multiprocessing.get_context("fork").Pool(jobs, initializer, initargs)
+        return multiprocessing.get_context("fork").Pool(jobs, _forked, (initializer, initargs))
     finally:
         gc.unfreeze()
+
+
+def _forked(initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
+    """A forked process begins: SIGTERM ends it, whatever this process had made of SIGTERM (a
+    handler, a block), so that the pool's `terminate` always can; seen once, a worker that
+    outlived it hung the search's end in `join`."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if initializer is not None:
+        initializer(*initargs)

@@ -1,5 +1,5 @@
 """The spec as a `transitions.Machine`: the reference engine the compiled table is proven
-against (`tests/test_machine.py`: they agree on every state, event and guard valuation). It
+against (`tests/core/test_machine.py`: they agree on every state, event and guard valuation). It
 costs microseconds per trigger and kilobytes per model, so the runtime never uses it; it is
 verification, and the only module that imports `transitions`."""
 

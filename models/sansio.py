@@ -39,7 +39,7 @@ rules, the host-byte rules and every refusal.
 
 Out of its scope: the Bridge's own code around the core (argument checks,
 the backend protocol, the events, threads), tinygrad views and byte values.
-The lockstep checker and the stateful tests cover those (`tests/test_sansio.py`
+The lockstep checker and the stateful tests cover those (`tests/model/test_sansio.py`
 shows which seeded bugs each finds).
 """
 

@@ -70,9 +70,9 @@ def seed_bullets(path: Path) -> list[tuple[str, str]]:
 
 
 def rule_tests(tests_dir: Path) -> dict[str, dict[str, list[str]]]:
-    """{"holds"|"rejects": {rule id: ["tests/test_x.py::name", ...]}} from the markers in tests_dir."""
+    """{"holds"|"rejects": {rule id: ["tests/layer/test_x.py::name", ...]}} from the markers in tests_dir."""
     found: dict[str, dict[str, list[str]]] = {kind: {} for kind in MARKERS}
-    for path in sorted(tests_dir.glob("test_*.py")):
+    for path in sorted(tests_dir.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef):
                 continue
@@ -84,7 +84,7 @@ def rule_tests(tests_dir: Path) -> dict[str, dict[str, list[str]]]:
                     and ast.unparse(deco.func.value) == "pytest.mark"
                 ):
                     for arg in deco.args:
-                        where = f"{tests_dir.name}/{path.name}::{node.name}"
+                        where = f"{tests_dir.name}/{path.relative_to(tests_dir).as_posix()}::{node.name}"
                         found[deco.func.attr].setdefault(ast.literal_eval(arg), []).append(where)
     return found
 

@@ -1,4 +1,4 @@
-"""Run the hostile-API fuzzer (tests/fuzz.py) for as long as asked, randomized, on the fake or
+"""Run the hostile-API fuzzer (tests/model/fuzz.py) for as long as asked, randomized, on the fake or
 tinygrad's CPU device. Any exception but a BridgeError, or a hang, fails it with Hypothesis'
 shortest reproduction; otherwise it prints how many sequences and calls it made.
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests" / "model"), str(ROOT / "tests")]  # the fuzzer and its helpers
 
 from fuzz import APIFuzz, TinygradCPUFuzz  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -36,7 +36,7 @@ step() {  # step DEVICE NAME TIMEOUT COMMAND...: run one step, keep its last lin
 for d in "${devices[@]}"; do
   "$py" -c "from devbridge.backends import tinygrad_compat as tg; print(tg.capabilities(tg.open_device('$d')))"
   step "$d" conformance 240 env DEVBRIDGE_TEST_DEVICES="$d" "$py" -m pytest -q -p no:cacheprovider \
-    tests/test_conformance.py tests/test_dtypes.py -k "tinygrad-$d"
+    tests/backends/test_conformance.py tests/backends/test_dtypes.py -k "tinygrad-$d"
   step "$d" demo 120 .venv/bin/devbridge demo --device "$d" --objects 1000 --faults 0.05 --restart-every 50
   step "$d" latency 120 "$py" bench/queue_latency.py --device "$d" --busy 0.5 --rounds 3
   step "$d" bench 180 .venv/bin/devbridge bench --device "$d" --quick

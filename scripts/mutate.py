@@ -73,22 +73,22 @@ FILES = (
 )
 EQUIVALENT = ROOT / "scripts" / "equivalent-mutants.toml"
 #: Too slow to run for every mutant: they only see the survivors of the rest.
-SLOW = ("tests/test_stateful.py", "tests/test_checker.py", "tests/test_sansio.py")
+SLOW = ("tests/model/test_stateful.py", "tests/model/test_checker.py", "tests/model/test_sansio.py")
 #: Not run at all: they time the machine or run the bench, the example or pytest in a child
 #: process (lines they run are not seen), seed bugs of their own (test_mutants), or test the
 #: installed package, a wheel, the set-up or the import graph in child processes (which import
 #: the installed package, not the mutated copy).
 SKIPPED = (
-    "tests/test_bench.py",
-    "tests/test_example.py",
-    "tests/test_markers.py",
-    "tests/test_mutants.py",
-    "tests/test_cli.py",
-    "tests/test_house.py",
-    "tests/test_layers.py",
-    "tests/test_wheel.py",
-    "tests/test_fleet.py",
-    "tests/test_shell_blocks.py",
+    "tests/house/test_bench.py",
+    "tests/apps/test_example.py",
+    "tests/house/test_markers.py",
+    "tests/model/test_mutants.py",
+    "tests/apps/test_cli.py",
+    "tests/house/test_house.py",
+    "tests/house/test_layers.py",
+    "tests/house/test_wheel.py",
+    "tests/apps/test_fleet.py",
+    "tests/house/test_shell_blocks.py",
 )
 
 COMPARE = {

@@ -113,7 +113,7 @@ class Failure:
 
     when: str
     rule: str
-    error: str  # the rule's error or a subclass of it (tests/test_spec.py checks)
+    error: str  # the rule's error or a subclass of it (tests/core/test_spec.py checks)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from devbridge.backends.fake import FakeBackend
 # under test (its "local constants"), so a derandomized run's examples depended on which of our
 # modules the process had imported before it: on the tests that ran earlier (importing
 # devbridge.cli.main alone took one mutant hunt from 969 machines to 832). No local constants: the
-# same examples in every process and order. (Hypothesis is pinned; tests/test_reproducible.py checks
+# same examples in every process and order. (Hypothesis is pinned; tests/model/test_reproducible.py checks
 # that this hook is still there.)
 providers._get_local_constants = lambda: providers.Constants()
 
@@ -67,7 +67,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 
 # Hypothesis profiles: `ci` (derandomized, sized for a few minutes on 2 cores) is the
-# default; `thorough` is for long local runs: HYPOTHESIS_PROFILE=thorough pytest tests/test_stateful.py
+# default; `thorough` is for long local runs: HYPOTHESIS_PROFILE=thorough pytest tests/model/test_stateful.py
 settings.register_profile(
     "ci",
     derandomize=True,

@@ -2,7 +2,7 @@
 
 Each mutant is a context manager that patches one plausible bug into the
 real code (the core, the ring, the Bridge, the value types) and undoes it on
-exit. `tests/test_mutants.py` runs the stateful machine under each.
+exit. `tests/model/test_mutants.py` runs the stateful machine under each.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def test_cli_prints_a_json_report(capsys: pytest.CaptureFixture[str]) -> None:
 def test_readme_usage_block_runs() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = readme.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     namespace: dict[str, object] = {}
     exec(compile(block, "README.md", "exec"), namespace)

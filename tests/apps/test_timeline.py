@@ -11,7 +11,7 @@ import pytest
 from devbridge.apps import timeline
 from devbridge.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,7 +1,7 @@
 """A hostile-API fuzzer: random sequences of every public call, in the worker's own pattern
 (allocate, upload, compute, view, download, poll, restart) interleaved with calls whose
 arguments are anything at all. The one property: no call lets anything but a `BridgeError`
-escape, and no call hangs. `tests/test_fuzz.py` runs it briefly in CI on the fake and on
+escape, and no call hangs. `tests/model/test_fuzz.py` runs it briefly in CI on the fake and on
 tinygrad's CPU device; `scripts/fuzz --minutes 10` runs it for as long as asked.
 """
 

@@ -91,7 +91,7 @@ def same(got, want):
 
 report = {}
 for dtype, size in DTYPE_SIZES.items():
-    if dtype == "bfloat16":  # clang cannot compile bfloat16 kernels here (tests/test_dtypes.py)
+    if dtype == "bfloat16":  # clang cannot compile bfloat16 kernels here (tests/backends/test_dtypes.py)
         continue
     for offset in OFFSETS:
         high = 2 if dtype == "bool" else 6  # small values: every product and sum is exact

@@ -1025,7 +1025,7 @@ def test_the_backend_does_what_the_guides_say_of_its_bounds(monkeypatch: pytest.
     of one size, and as many bytes in all, as the views guide says; a direct copy is a slice
     assignment up to the size the devices guide says, a memmove above; an async copy up to the
     size it says is done on return."""
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     devices = " ".join((docs / "guides" / "devices.md").read_text().split())
     views = " ".join((docs / "concepts" / "views-and-jit.md").read_text().split())
     found = re.search(r"as PyTorch's: (\d+) per size, (\d+) MiB in all,", views)

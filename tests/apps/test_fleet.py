@@ -35,7 +35,7 @@ def run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
         [sys.executable, "-m", "devbridge", *argv], capture_output=True, text=True, timeout=timeout, env=env,
-        cwd=Path(__file__).parent.parent.parent,
+        cwd=Path(__file__).parents[3],
     )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,23 @@ def test_a_forked_worker_never_finalizes_what_it_inherited(tmp_path: Path) -> No
     finally:
         if was:
             gc.enable()
+
+
+def sigterm_of_worker(_: int) -> tuple[str, bool]:
+    return str(signal.getsignal(signal.SIGTERM)), signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_forked_worker_ends_at_sigterm_whatever_its_parent_made_of_it() -> None:
+    """The pool's `terminate` ends its workers with SIGTERM: a worker must not inherit a parent's
+    ignored or blocked SIGTERM (it would outlive `terminate`, whose `join` then waits forever)."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pool = fork_pool(2)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.signal(signal.SIGTERM, before)
+    try:
+        assert set(pool.map(sigterm_of_worker, range(4))) == {(str(signal.SIG_DFL), False)}
+    finally:
+        pool.terminate()

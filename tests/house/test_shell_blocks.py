@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BIN = Path(sys.executable).parent
 
@@ -58,7 +58,7 @@ CHECKED = {
     "pip install -e '.[ray]'": ("pip install --help", "installs from the network"),
     "devbridge trace /tmp/t.json --check --png /tmp/t.png": (
         "devbridge trace --help",
-        "reads what the demo line above writes: tests/test_timeline.py runs it on a demo's trace",
+        "reads what the demo line above writes: tests/apps/test_timeline.py runs it on a demo's trace",
     ),
     "devbridge fleet --workers 2 --kill-every 200": ("devbridge fleet --help", "Ray actors: test_fleet runs them"),
 }

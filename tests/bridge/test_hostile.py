@@ -58,7 +58,8 @@ from devbridge.backends.fake import FakeBackend
 from devbridge.backends.faulty import FaultyBackend
 from devbridge.backends.tinygrad import TinygradBackend
 
-TESTS = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
 ROOT = TESTS.parent
 RULE_ID = re.compile(r"[A-Z][A-Z0-9]*-[A-Z0-9]+")
 PATTERN = bytes(range(64))  # the forgery target's device bytes
@@ -1390,7 +1391,7 @@ def enlarged_extent_outcome(backend: str, case: str) -> list[str]:
 
 CHILD = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 import tinygrad  # first, as in conftest
 import test_hostile
 print("\\n".join(test_hostile.enlarged_extent_outcome({backend!r}, {case!r})), flush=True)
@@ -1406,7 +1407,7 @@ def test_a_forged_enlarged_extent_neither_reads_nor_writes_past_the_allocation(b
     if backend == "fake":
         lines = enlarged_extent_outcome(backend, case)
     else:
-        code = CHILD.format(tests=str(TESTS), backend=backend, case=case)
+        code = CHILD.format(here=str(HERE), tests=str(TESTS), backend=backend, case=case)
         child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert child.returncode == 0, f"child exited {child.returncode}; stderr tail:\n{child.stderr[-2000:]}"
         lines = child.stdout.splitlines()[-len(ENLARGED_REFUSED) :]

@@ -17,7 +17,7 @@ rule_tests = script("docs").rule_tests
 
 def test_every_rule_is_proven_and_its_violation_rejected() -> None:
     rules = set(load().rules)
-    found = rule_tests(Path(__file__).parent)
+    found = rule_tests(Path(__file__).resolve().parents[1])
     missing = {kind: sorted(rules - set(found[kind])) for kind in found}
     assert missing == {"holds": [], "rejects": []}
     unknown = {kind: sorted(set(found[kind]) - rules) for kind in found}

@@ -1,4 +1,4 @@
-"""The hostile-API fuzzer (tests/fuzz.py), briefly: no public call lets anything but a
+"""The hostile-API fuzzer (tests/model/fuzz.py), briefly: no public call lets anything but a
 BridgeError escape, on the fake and on tinygrad's CPU device. `scripts/fuzz` runs it for minutes."""
 
 from __future__ import annotations

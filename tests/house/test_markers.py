@@ -12,7 +12,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]  # the shared conftest and rules
 
 CASES = """
 import pytest

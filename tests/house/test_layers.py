@@ -16,7 +16,7 @@ import pytest
 
 from devbridge.checkout import script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 LAYERS, ACYCLIC = "layers point one way", "no import cycle"
 PURE, INDEPENDENT = "the spec and the core are pure", "the backends are independent"

@@ -3,7 +3,7 @@
 Its states are values (`LifecycleCore.snapshot`/`restore`, `HostRing.state`/`restore`) in a
 canonical form; every seeded bug in the core or the ring is found by the check it breaks with a
 shortest counterexample, and the Bridge's own bugs are outside its scope (the lockstep checker's:
-`tests/test_checker.py`)."""
+`tests/model/test_checker.py`)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,12 @@ site, docstrings, comments, help texts or benchmark output; history belongs in C
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Traces of how the code was made, not of what it is: issue numbers ("issue #13", "(#14,",
 #: "#16's", "Deliver 4"), numbered sessions, work periods and stops, and commit hashes (a word
@@ -22,7 +23,9 @@ HISTORY = re.compile(
 #: What a user reads: the README and the site (its generated pages included: the command line's
 #: help texts and the benchmark page), and every file of the package and its tests (docstrings,
 #: comments, help strings, what the benchmarks print).
-PRODUCT_FOLDERS = ("docs", "devbridge", "spec", "statemachine", "backends", "models", "bench", "tests")
+#: the docs, every package folder (pyproject's package-dir) and the tests
+PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+PRODUCT_FOLDERS = ("docs", *PACKAGE_DIRS.values(), "tests")
 
 
 def product_files() -> list[Path]:
