@@ -11,12 +11,13 @@ thread.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from devbridge.errors import BridgeError, InvalidHandleError, LifecycleError
-from devbridge.spec import Lifecycle, level
+from devbridge.spec import LEVELS, Lifecycle, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, compile_table
 from devbridge.statemachine.records import (
@@ -50,7 +51,7 @@ class Ledger:
         self._accesses = lookups.accesses
         self._failures = lookups.failures
         #: (state, kind, level(copies), level(computes)) -> a use's begin and end: the two compiled
-        #: steps (what an observer sees) and the state they lead to (per core: `_compose` fills it)
+        #: steps (what an observer sees) and the state they lead to (`_compose` makes each)
         self._instant: dict[tuple[str, str, int, int], Composite] = {}
         #: (state, no copies, no computes, no uses) -> whether the spec's `where` admits it (`_admits`)
         self._admitted: dict[tuple[str, bool, bool, bool], bool] = {}
@@ -76,6 +77,15 @@ class Ledger:
         self.tracer: Tracer | None = None
         #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
         self.edge_observer: Callable[[str, str, str], None] | None = None
+        # every copy a call can meet with no copy in flight (in a state that admits those counts,
+        # and allowed there), made now: the first copy on an allocation takes the same path as
+        # the next ones (`plain_step`)
+        for state, kind, computes in itertools.product(self._spec.states, ("copy_in", "copy_out"), range(LEVELS)):
+            if (
+                self._admits(state, 0, computes)
+                and self._table.lookup(state, USE_EVENTS[kind][0], 0, computes).rule is None
+            ):
+                self._compose(state, kind, 0, computes)
 
     # ------------------------------------------------------------ queries
 

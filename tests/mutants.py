@@ -278,14 +278,15 @@ def missing_waw_edge() -> Iterator[None]:
 
 @mutant("states", values="states")
 def sync_copy_skips_its_step() -> Iterator[None]:
-    """The fused path of a synchronous copy takes a use id but leaves the allocation's state alone
-    (an allocation copied into stays `allocated`)."""
+    """The fused path of a synchronous copy (its composite step, taken by the per-call path and by
+    `instant`) takes a use id but leaves the allocation's state alone (an allocation copied into
+    stays `allocated`)."""
 
-    def instant(self: LifecycleCore, kind: str, key: tuple[int, int], *args: Any, **kwargs: Any) -> int:
+    def take(self: LifecycleCore, record: Any, step: Any) -> int:
         self._next_use += 1
         return self._next_use - 1
 
-    with mock.patch.object(LifecycleCore, "instant", instant):
+    with mock.patch.object(LifecycleCore, "take", take):
         yield
 
 

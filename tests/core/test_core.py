@@ -295,27 +295,41 @@ def test_a_free_or_restart_told_no_time_counts_its_wait_from_zero() -> None:
 
 @pytest.mark.holds("EVENT-1")
 def test_the_per_call_step_is_the_one_instant_made_from_the_same_state_and_counts() -> None:
-    """plain_step finds in one lookup the composite step `instant` made before from the same
-    state, kind and counts (its begin was checked then); none otherwise, and none while an
-    observer or a tracer must see each step. `take` advances the record and the use ids as
-    `instant` does."""
+    """plain_step finds in one lookup the composite step of a copy from the record's state and
+    counts, made with the core (its begin is allowed there): the first copy on an allocation finds
+    it as the next ones do. None for a step the table refuses or counts none was made for, and
+    while an observer or a tracer must see each step. `take` advances the record and the use ids
+    as `instant` does, and `instant` takes the same step."""
     core = LifecycleCore()
     rec = core.add(8, spec=None, memory="m")
-    assert core.plain_step(rec, "copy_in") is None  # not made yet: check and instant decide
-    assert core.instant("copy_in", (rec.id, 0)) == 0 and rec.state == "idle"
-    assert core.plain_step(rec, "copy_in") is None  # made from "allocated", not from "idle"
-    assert core.instant("copy_in", (rec.id, 0)) == 1
-    step = core.plain_step(rec, "copy_in")
-    assert step is not None and (step.begin, step.middle, step.end, step.dest) == (
+    first = core.plain_step(rec, "copy_in")  # made with the core, before any copy
+    assert first is not None and (first.begin, first.middle, first.end, first.dest) == (
         "copy_begin",
         "copying",
         "copy_end",
         "idle",
     )
-    assert core.plain_step(rec, "copy_out") is None  # another kind
+    assert core.take(rec, first) == 0 and rec.state == "idle"
+    step = core.plain_step(rec, "copy_in")  # from "idle" now
+    assert (
+        step is not None
+        and step is not first
+        and (step.begin, step.middle, step.dest)
+        == (
+            "copy_begin",
+            "copying",
+            "idle",
+        )
+    )
+    out = core.plain_step(rec, "copy_out")  # another kind, another step
+    assert out is not None and out is not step and out.dest == "idle"
+    assert core.instant("copy_in", (rec.id, 0)) == 1 and rec.state == "idle"
+    assert core.plain_step(rec, "copy_in") is step  # instant took the step made with the core
     assert core.take(rec, step) == 2 and core.instant("copy_in", (rec.id, 0)) == 3  # one sequence of use ids
     comp = core.begin("compute", [(rec.id, 0)])
-    assert (rec.state, rec.computes) == ("computing", 1) and core.plain_step(rec, "copy_in") is None
+    during = core.plain_step(rec, "copy_in")  # a copy beside a compute: its own step
+    assert (rec.state, rec.computes) == ("computing", 1) and during is not None
+    assert (during.middle, during.dest) == ("copying_computing", "computing")
     core.end(comp.id, ok=True)
     assert rec.state == "idle" and core.plain_step(rec, "copy_in") is step
     core.observer = lambda state, event, found: None
