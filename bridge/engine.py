@@ -94,7 +94,7 @@ class Engine:
         into_device = kind == "copy_in"
         while True:
             with self._lock:
-                self._drain()
+                self._core.drain(self._run)
                 if sync and (plain := self._plain(kind, host, device)) is not None:
                     record, step = plain  # what the checks below would find, found at once
                     self._check_host(host, into_device)

@@ -285,6 +285,8 @@ class Ledger:
         and `instant` (a step not made yet, a refusal, or an observer or tracer to tell)."""
         if self.observer is not None or self.tracer is not None:
             return None
+        if not (record.copies or record.computes):  # nothing in flight on it: the per-call path's case
+            return self._instant.get((record.state, kind, 0, 0))
         return self._instant.get((record.state, kind, level(record.copies), level(record.computes)))
 
     def take(self, record: Allocation, step: Composite) -> int:

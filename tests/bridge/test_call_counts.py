@@ -78,4 +78,4 @@ def test_the_first_copy_on_an_allocation_takes_the_path_of_the_next_ones(backend
     into, back = paths[0]
     assert into[0] == "bridge/bridge.py:host_to_device" and back[0] == "bridge/bridge.py:device_to_host"
     # the bridge's own calls today (the goal is fewer): a ceiling, so the path only gets shorter
-    assert len(into) <= 21 and len(back) <= 21, (into, back)
+    assert len(into) <= 18 and len(back) <= 17, (into, back)
