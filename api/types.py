@@ -151,19 +151,19 @@ class DeviceHandle:
     owner: int = field(repr=False)  # the Bridge that made it
     seal: int = field(default=0, repr=False, compare=False)
 
-    @classmethod
-    def _issued(cls, id: int, generation: int, extent: int, spec: ObjectSpec, owner: int, seal: int) -> DeviceHandle:
-        """The handle a Bridge issues, filled slot by slot (a frozen dataclass's own `__init__`
-        costs a microsecond more: alloc_device's per-call path)."""
-        handle = object.__new__(cls)
-        set_id, set_generation, set_extent, set_spec, set_owner, set_seal = _HANDLE_SLOTS
-        set_id(handle, id)
-        set_generation(handle, generation)
-        set_extent(handle, extent)
-        set_spec(handle, spec)
-        set_owner(handle, owner)
-        set_seal(handle, seal)
-        return handle
+
+def issued_handle(id: int, generation: int, extent: int, spec: ObjectSpec, owner: int, seal: int) -> DeviceHandle:
+    """The handle a Bridge issues, filled slot by slot (a frozen dataclass's own `__init__`
+    costs a microsecond more: alloc_device's per-call path)."""
+    handle = object.__new__(DeviceHandle)
+    set_id, set_generation, set_extent, set_spec, set_owner, set_seal = _HANDLE_SLOTS
+    set_id(handle, id)
+    set_generation(handle, generation)
+    set_extent(handle, extent)
+    set_spec(handle, spec)
+    set_owner(handle, owner)
+    set_seal(handle, seal)
+    return handle
 
 
 def slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:

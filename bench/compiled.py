@@ -15,9 +15,7 @@ What mypyc needs, and so what the copies change:
 
 - `statemachine/records.py`: `InvariantViolation` (an `AssertionError`) is a non-native class,
   and the record fields typed `object` are typed `Any` (a compiled dataclass cannot resolve
-  the annotation `object`);
-- `bridge/engine.py`: `Engine` allows interpreted subclasses (the Bridge, which has two bases, and
-  native classes allow one).
+  the annotation `object`).
 
 `ring/host.py` and `types.py` stay interpreted: their frozen ranges are built without their checks
 by `object.__new__` on the hot path, which a native class refuses.
@@ -46,6 +44,7 @@ COMPILED = (
     "statemachine/ledger.py",
     "statemachine/core.py",
     "statemachine/machine.py",
+    "statemachine/runner.py",
     "bridge/engine.py",
     "bridge/events.py",
     "ring/buffers.py",
@@ -62,11 +61,6 @@ CHANGES = (
     ),
     ("statemachine/records.py", "    memory: object  #", "    memory: Any  #"),
     ("statemachine/records.py", "    handle: object = None  #", "    handle: Any = None  #"),
-    (
-        "bridge/engine.py",
-        "\nclass Engine:",
-        "\nfrom mypy_extensions import mypyc_attr\n\n\n@mypyc_attr(allow_interpreted_subclasses=True)\nclass Engine:",
-    ),
 )
 
 FIGURES = (

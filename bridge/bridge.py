@@ -15,42 +15,46 @@ calls (devbridge.bridge.engine).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import secrets
-import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
 from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import Backend, BackendError
 from devbridge.bridge import aio, transfer
-from devbridge.bridge.engine import POLL_S, _Execution, log
-from devbridge.bridge.events import ComputeEvent, CopyEvent, Link
-from devbridge.bridge.introspection import Introspection
-from devbridge.bridge.memory import MemoryBook
+from devbridge.bridge.engine import POLL_S, Engine, holder, log
+from devbridge.bridge.events import ComputeEvent, CopyEvent, Event, copied, deadline, wait_done
+from devbridge.bridge.memory import MemoryStats
+from devbridge.bridge.stats import COUNTED, Pins, Stats
 from devbridge.bridge.trace import BridgeTrace, Trace
-from devbridge.bridge.waiting import Waiting
 from devbridge.errors import (
     BackendFailureError,
     DeviceAllocationError,
     DeviceFreeError,
     InvalidArgumentError,
+    InvalidHandleError,
     InvalidSpecError,
     InvalidViewError,
     RangeError,
+    WaitTimeoutError,
     short,
 )
 from devbridge.ring.host import HostRange, HostRing
-from devbridge.statemachine.core import LifecycleCore
+from devbridge.statemachine.core import SUBMIT, Allocation, Composite, InFlight, LifecycleCore
+from devbridge.statemachine.status import OK, Status
 from devbridge.types import (
     MAX_EXTENT,
     DeviceHandle,
     DeviceRange,
     ObjectSpec,
     TensorViewSpec,
+    issued_handle,
 )
 
 if TYPE_CHECKING:
@@ -62,7 +66,7 @@ __all__ = ["POLL_S", "Bridge", "log"]
 _owners = itertools.count(1)
 
 
-class Bridge(Waiting, Introspection):
+class Bridge:
     """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
     between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
     Backend. Every call resolves its handles to the bridge's own records and asks the
@@ -95,30 +99,23 @@ class Bridge(Waiting, Introspection):
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
-        self._backend = backend
         self._core = LifecycleCore()
+        self._engine = engine = Engine(backend, self._core)  # what executes the core's decisions
+        # the engine's parts this bridge's calls use directly (the same objects)
+        self._backend, self._lock, self._counts, self._memory = backend, engine.lock, engine.counts, engine.memory
+        self._watcher = engine.watcher
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
-        self._lock = threading.RLock()
-        self._run = _Execution(self)  # the core's orchestration runs on the backend through it
-        self._progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
-        self._completions = 0  # completions reported or applied so far (under _progress)
-        drive = getattr(backend, "waits_run_work", False) is True  # its wait runs the work (the fake)
-        self._watcher = aio.Watcher(self._progress, lambda: self._completions, self._drive if drive else None, POLL_S)
-        # what its events ask
-        self._link = Link(self._refresh, self._wait_backend, self._entered, self._closed, self._watcher.future)
-        self._counts: Counter[str] = Counter()
+        # the traffic, counted apart from `_counts`: once or twice on every copy
         self._copies_in = self._bytes_in = self._copies_out = self._bytes_out = 0
-        self._release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self._staging = transfer.Staging()  # host bytes of uploads and downloads given no ring
         self._anchors: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # view use -> anchor
-        self._memory = MemoryBook()  # device memory held, now and at peak, in all and per role
-        self._trace: BridgeTrace | None = None
+        self._trace: BridgeTrace | None = None  # this bridge's tracks of a timeline, when tracing (the engine's too)
         # a path or a file is opened here, before any backend call: anything else is ARG-1
         self._own_trace = None if trace is None or isinstance(trace, Trace) else Trace(trace)
         try:
             backend.begin_generation(0)
-            backend.subscribe(self._on_complete)
+            backend.subscribe(engine.on_complete)
         except BackendError as e:
             if self._own_trace is not None:
                 self._own_trace.close()
@@ -127,7 +124,8 @@ class Bridge(Waiting, Introspection):
             shared = self._own_trace or trace
             assert isinstance(shared, Trace)
             label = f"bridge #{self._owner} ({getattr(backend, 'name', short(backend))})"
-            self._trace = self._core.tracer = shared.bridge(self._owner, label, self._core.table.terminal)
+            tracks = shared.bridge(self._owner, label, self._core.table.terminal)
+            self._trace = engine.trace = self._core.tracer = tracks
             self._memory.observer = self._trace.memory
             if self._own_trace is not None:
                 weakref.finalize(self, self._own_trace.close)
@@ -138,7 +136,7 @@ class Bridge(Waiting, Introspection):
         shared `Trace` is its owner's to close. Tracing stops; idempotent. Never raises."""
         with self._lock:
             tracks, owned = self._trace, self._own_trace
-            self._trace = self._core.tracer = self._memory.observer = None
+            self._trace = self._engine.trace = self._core.tracer = self._memory.observer = None
             self._own_trace = None
         if tracks is not None and owned is None:
             tracks.end_all()
@@ -168,7 +166,7 @@ class Bridge(Waiting, Introspection):
                 (no backend call).
             DeviceAllocationError: ALLOC-2, when the backend cannot allocate (nothing leaked)."""
         with self._lock:
-            self._drain()
+            self._engine.drain()
             if type(spec) is not ObjectSpec:
                 raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {short(spec)}")
             size = extent if type(extent) is int else as_count(extent)
@@ -187,7 +185,7 @@ class Bridge(Waiting, Introspection):
             self._counts["allocs"] += 1
             self._memory.allocated(spec.role, size)
             seal = self._seal(record.id, record.generation, size, spec)
-            handle = DeviceHandle._issued(record.id, record.generation, size, spec, self._owner, seal)
+            handle = issued_handle(record.id, record.generation, size, spec, self._owner, seal)
             record.handle = handle
             return handle
 
@@ -205,12 +203,12 @@ class Bridge(Waiting, Introspection):
             DeviceFreeError: FREE-3, when the backend fails to free now (reported once, never
                 retried; the handle is dead anyway)."""
         with self._lock:
-            self._drain()
+            self._engine.drain()
             key, _ = self._resolve(handle)
             record = self._core.free(*key, time.monotonic())
             if record is None:
                 self._counts["deferred_frees"] += 1
-            elif failure := self._release(record):
+            elif failure := self._engine.free(record):
                 raise DeviceFreeError("FREE-3", failure)
 
     # ------------------------------------------------------------ copies
@@ -342,7 +340,7 @@ class Bridge(Waiting, Introspection):
             ComputeError: COMPUTE-F, when the backend cannot mark the compute."""
         while True:
             with self._lock:
-                self._drain()
+                self._engine.drain()
                 resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
                 keys = list(resolved)
                 self._core.check(keys, "compute_begin")
@@ -355,11 +353,11 @@ class Bridge(Waiting, Introspection):
                         raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
                     use = self._core.begin("compute", keys, before=[])
                     self._counts["computes"] += 1
-                    event = ComputeEvent(self._link, use.id, token, tuple(handles))
+                    event = ComputeEvent(self._engine, use.id, token, tuple(handles))
                     self._track(use, event)
                     return event
                 blocker = plan.blocker.event
-            self._wait_for(blocker)
+            self._engine.wait_for(blocker)
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
         """A zero-copy tinygrad Tensor over the allocation (VIEW-1). While it, or
@@ -379,7 +377,7 @@ class Bridge(Waiting, Introspection):
             InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
             StaleHandleError: GEN-2, for a handle of an older generation."""
         with self._lock:
-            self._drain()
+            self._engine.drain()
             key, record = self._resolve(handle)
             self._core.check([key], "compute_begin")
             if record is None:  # the check refuses a dead allocation; should it not, still no crash
@@ -429,10 +427,10 @@ class Bridge(Waiting, Introspection):
         Raises:
             DeviceFreeError: FREE-3, naming each deferred free that failed (once each)."""
         with self._lock:
-            finished = self._core.poll(self._run)
-            self._warn_long_waits()
-            if self._release_failures:
-                failures, self._release_failures = self._release_failures, []
+            finished = self._engine.poll()
+            self._engine.warn_long_waits(self.pending_warning_s)
+            if failures := self._engine.release_failures:
+                self._engine.release_failures = []
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
             return finished
 
@@ -445,7 +443,7 @@ class Bridge(Waiting, Introspection):
             DeviceFreeError: FREE-3 / FAULT-1, once every old buffer had its release, naming
                 the backend failures (the new generation has begun anyway)."""
         with self._lock:
-            self._drain()
+            self._engine.drain()
             releases = self._core.restart(time.monotonic())  # the rest wait for their uses (PIN-1)
             self._counts["restarts"] += 1
             failures: list[str] = []
@@ -454,8 +452,429 @@ class Bridge(Waiting, Introspection):
             except BackendError as e:
                 failures.append(f"beginning generation {self._core.generation}: {e}")
             generation_failed = bool(failures)
-            failures += [failure for record in releases if (failure := self._release(record))]
+            failures += [failure for record in releases if (failure := self._engine.free(record))]
             if generation_failed:
                 raise BackendFailureError("FAULT-1", "; ".join(failures))
             if failures:
                 raise DeviceFreeError("FREE-3", "; ".join(failures))
+
+    # ------------------------------------------------------------ waits on many events
+
+    def wait_all(self, events: Iterable[Event], timeout: float | None = None) -> None:
+        """Block until every one of `events` is done; failures stay with their events
+        (`event.error`).
+
+        Args:
+            events: an iterable of this bridge's events.
+            timeout: seconds >= 0, or None to wait as long as it takes.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        ends = deadline(timeout)
+        for event in self._own_events(events, "wait_all"):
+            wait_done(event, ends, timeout)
+
+    def wait_any(self, events: Iterable[Event], timeout: float | None = None) -> Event:
+        """The first of `events` found done (in the order given), blocking until one is. It
+        sleeps on a condition that every completion the backend reports wakes; tokens a backend
+        cannot report (a device marker) are queried again at most every POLL_S seconds.
+
+        Args:
+            events: an iterable of this bridge's events, at least one.
+            timeout: seconds >= 0, or None to wait as long as it takes.
+
+        Returns:
+            The first done event.
+
+        On a backend whose `wait` runs the work it waits for (`waits_run_work`: the fake, by
+        default), it waits on the first event not done, as `Event.wait` does: the rule that
+        `Event.wait`, `wait_all` and `wait_any` share.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        ends = deadline(timeout)
+        pending = self._own_events(events, "wait_any")
+        if not pending:
+            raise InvalidArgumentError("ARG-1", "wait_any needs at least one event")
+        drive = self._watcher.drives
+        while True:
+            with self._engine.progress:
+                seen = self._engine.completions
+            for event in pending:
+                if event.done():
+                    return event
+            remaining = None if ends is None else ends - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise WaitTimeoutError("WAIT-1", f"none of {len(pending)} events done after {timeout} s")
+            # the backend runs what it is waited on: wait as Event.wait would (an open compute
+            # block's event is not submitted yet: waiting on it is its block's to declare)
+            first = next((e for e in pending if not getattr(e, "open", False)), None) if drive else None
+            if first is not None:
+                self._engine.drive(first)
+                if first.done():
+                    return first
+            with self._engine.progress:
+                if self._engine.completions == seen:
+                    self._engine.progress.wait(POLL_S if remaining is None else min(remaining, POLL_S))
+
+    async def wait_any_async(self, events: Iterable[Event], timeout: float | None = None) -> Event:
+        """`wait_any` for asyncio: the first of `events` found done, in the order given. The
+        loop is never blocked: the bridge's one watcher thread settles awaited events.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for no events, another bridge's, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        deadline(timeout)
+        pending = self._own_events(events, "wait_any_async")
+        if not pending:
+            raise InvalidArgumentError("ARG-1", "wait_any_async needs at least one event")
+        return await aio.wait_any(self._watcher, pending, None if timeout is None else float(timeout))
+
+    async def wait_all_async(self, events: Iterable[Event], timeout: float | None = None) -> None:
+        """`wait_all` for asyncio: every one of `events` done; failures stay with their events.
+
+        Raises:
+            InvalidArgumentError: ARG-1, for anything but this bridge's events, or a bad timeout.
+            WaitTimeoutError: WAIT-1, once `timeout` seconds pass (a TimeoutError)."""
+        deadline(timeout)
+        pending = self._own_events(events, "wait_all_async")
+        await aio.wait_all(self._watcher, pending, None if timeout is None else float(timeout))
+
+    def _own_events(self, events: object, call: str) -> list[Event]:
+        """`events` as a list of this bridge's events (ARG-1 otherwise)."""
+        if isinstance(events, str | bytes | Event) or not isinstance(events, Iterable):
+            raise InvalidArgumentError("ARG-1", f"{call} needs an iterable of events, got {short(events)}")
+        found: list[Event] = []
+        try:
+            for event in events:
+                if not self._engine.owns(event):
+                    raise InvalidArgumentError("ARG-1", f"{call}: {short(event)} is not an event of this bridge")
+                found.append(event)
+        except InvalidArgumentError:
+            raise
+        except Exception as e:  # an iterable that fails as it is read
+            raise InvalidArgumentError("ARG-1", f"{call}: reading {short(events)} failed: {short(e)}") from e
+        return found
+
+    # ------------------------------------------------------------ what it says about itself
+
+    def pins(self, handle: DeviceHandle, *, holders: bool = False) -> Pins:
+        """What keeps the allocation in use (PIN-1): its state, its uses in flight by kind
+        (input and output copies, compute events, live views: a view counts while any tinygrad
+        object can reach its memory) and each of them by name (`uses`: kind, use_id, byte
+        range, the uses a held copy waits for, an open compute block), and how long a deferred
+        release has waited.
+
+        Args:
+            handle: a handle this bridge issued (freed or of an old generation included).
+            holders: also say what still reaches the views' memory, by kind: tensors that are
+                the views themselves, tensors derived from them, gradients, TinyJit captures
+                (a census of tinygrad's live objects: for diagnosis, not a hot path). Only a
+                backend that can tell fills it (tinygrad's); otherwise it stays empty.
+
+        Returns:
+            A `Pins` (devbridge.bridge.stats), field by field.
+
+        Raises:
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue.
+            InvalidArgumentError: ARG-1, for holders other than a bool.
+            BackendFailureError: FAULT-1, when the backend cannot make the census."""
+        census = flag("holders", holders) and callable(getattr(self._backend, "holders", None))
+        with self._lock:
+            self._engine.drain()
+            key, _ = self._resolve(handle)
+            uses = self._core.dependents(key[0])
+            kinds = Counter(use.kind for use in uses)
+            anchors = [a for u in uses if u.kind == "view" and (a := self._anchors.get(u.id)) is not None]
+            pins = Pins(
+                state=self._core.state(*key),
+                copies_in=kinds["copy_in"],
+                copies_out=kinds["copy_out"],
+                computes=kinds["compute"],
+                views=kinds["view"],
+                waiting_s=self._core.waited(key[0], time.monotonic()),
+                uses=tuple(holder(use) for use in sorted(uses, key=lambda use: use.id)),
+            )
+        if not census:
+            return pins
+        total: Counter[str] = Counter()
+        for anchor in anchors:  # without the lock: a census walks every live tensor
+            try:
+                total.update(self._backend.holders(anchor))  # type: ignore[attr-defined]
+            except BackendError as e:
+                raise BackendFailureError("FAULT-1", f"{short(handle)}: {e}") from e
+        return dataclasses.replace(pins, holders=dict(total))
+
+    def state(self, handle: DeviceHandle) -> str:
+        """The allocation's lifecycle state, a state name of the spec.
+
+        Args:
+            handle: a handle this bridge issued (freed or of an old generation included).
+
+        Raises:
+            InvalidHandleError: HANDLE-1, for a handle this bridge did not issue."""
+        with self._lock:
+            self._engine.drain()
+            key, _ = self._resolve(handle)
+            return self._core.state(*key)
+
+    def stats(self) -> Stats:
+        """The bridge's counters and what is live now: a `Stats` (devbridge.bridge.stats), field by
+        field. Never raises."""
+        with self._lock:
+            self._engine.drain()
+            live = list(self._core.allocations())
+            traffic = {
+                "copies_in": self._copies_in,
+                "bytes_in": self._bytes_in,
+                "copies_out": self._copies_out,
+                "bytes_out": self._bytes_out,
+            }
+            counts = {name: traffic.get(name, self._counts[name]) for name in COUNTED}
+            return Stats(
+                generation=self._core.generation,
+                live_allocations=len(live),
+                live_bytes=sum(r.extent for r in live),
+                pending_events=sum(1 for use in self._core.inflight() if use.event is not None),
+                inflight_uses=sum(1 for _ in self._core.inflight()),
+                **counts,
+            )
+
+    def memory_stats(self) -> MemoryStats:
+        """Device memory as this bridge holds it: bytes and allocations now, at the peak, and
+        allocated and freed so far, in all and per role (the names of PyTorch's
+        `memory_stats()` where the meaning is the same), with the deferred frees, the releases
+        waiting for uses now and how long the oldest has waited, held copies, failed frees and
+        restarts: a `MemoryStats` (devbridge.bridge.memory), field by field. Never raises. It applies
+        nothing (unlike `stats()`): the memory it counts is what the backend holds right now."""
+        with self._lock:
+            return self._memory.stats(self._core.waits(time.monotonic()), self._counts)
+
+    def reset_peak_stats(self) -> None:
+        """Start the peaks of `memory_stats()` again from what is held now."""
+        with self._lock:
+            self._memory.reset_peak()
+
+    # ------------------------------------------------------------ a copy's path, and what a caller hands in
+
+    def _copy(
+        self,
+        kind: str,
+        host: HostRange,
+        device: DeviceRange,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+        sync: bool,
+        keep_host: bool,
+    ) -> CopyEvent:
+        """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): submitted
+        now, held back behind the earlier uses it must follow (async, ORDER-1), or submitted once
+        they ended (sync)."""
+        into_device = kind == "copy_in"
+        while True:
+            with self._lock:
+                if self._core.news:
+                    self._engine.drain()
+                if sync and (plain := self._plain(kind, host, device)) is not None:
+                    record, step = plain  # what the checks below would find, found at once
+                    self._check_host(host, into_device)
+                    token = self._submit_now(kind, record.memory, device.offset, host, src, dst, True)
+                    return self._copied(kind, self._core.take(record, step), record, host, keep_host, token, src, dst)
+                key, record = self._check_copy(host, device, "H2D-1" if into_device else "D2H-1")
+                self._check_host(host, into_device)
+                span = (device.offset, device.offset + device.nbytes)
+                # (nothing in flight on the allocation: nothing to follow)
+                plan = self._core.plan(kind, [key], span, sync) if record.accesses else SUBMIT
+                if plan.blocker is None:
+                    before = plan.before  # when any, it is held back behind them (no token yet: ORDER-1)
+                    token = None
+                    if not before:
+                        token = self._submit_now(kind, record.memory, device.offset, host, src, dst, sync)
+                    # a synchronous copy here follows nothing: submitted, and done on return
+                    if (status := OK if sync else self._first_status(token)) is OK:
+                        # done already: one composite step, nothing in flight (H2D-2, D2H-2)
+                        use_id = self._core.instant(kind, key)
+                        return self._copied(kind, use_id, record, host, keep_host, token, src, dst)
+                    self._count(into_device, host.nbytes)
+                    use = self._core.begin(kind, [key], host=host, keep_host=keep_host, span=span, before=before)
+                    if into_device:
+                        host.ring.begin_read(host)
+                    else:
+                        host.ring.begin_write(host)
+                    return self._submitted(use, CopyEvent(self._engine, use.id, token, src, dst), status)
+                blocker = plan.blocker.event
+            self._engine.wait_for(blocker)
+
+    def _plain(self, kind: str, host: object, device: object) -> tuple[Allocation, Composite] | None:
+        """The record and step of a synchronous copy that `_copy`'s checks would let through to
+        one composite step, found without them (the per-call path): the issued handle of a live
+        allocation with nothing in flight on it, a range within its extent as long as the host
+        range, a step the core made before. None: the checks decide (and name what they refuse)."""
+        if type(host) is not HostRange or type(device) is not DeviceRange:
+            return None
+        handle = device.handle
+        if type(handle) is not DeviceHandle or type(handle.id) is not int:
+            return None
+        record = self._core.allocation(handle.id)
+        if record is None or record.handle is not handle or record.accesses:
+            return None
+        offset, nbytes = device.offset, device.nbytes
+        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= record.extent - offset):
+            return None
+        if nbytes != host.nbytes or (step := self._core.plain_step(record, kind)) is None:
+            return None
+        return record, step
+
+    @staticmethod
+    def _check_host(host: HostRange, into_device: bool) -> None:
+        """The host side of a copy: a range an input copy may read or an output copy may write."""
+        if into_device:
+            host.ring.check_source(host)
+        else:
+            host.ring.check_dest(host)
+
+    def _submit_now(
+        self,
+        kind: str,
+        memory: object,
+        offset: int,
+        host: HostRange,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+        sync: bool,
+    ) -> object:
+        """Hand a copy to the backend on the caller's call; its token. A failure raises the copy's
+        error (COPY-F), and a failed output range is never readable."""
+        try:  # (the engine's `copy`, inlined: the per-call path)
+            if kind == "copy_in":
+                return self._backend.copy_in(memory, offset, host.ring.raw(host), sync=sync)
+            return self._backend.copy_out(host.ring.raw(host), memory, offset, sync=sync)
+        except BackendError as e:
+            self._counts["copy_failures"] += 1
+            if kind == "copy_out":
+                host.ring.begin_write(host)
+                host.ring.end_write(host, valid=False)
+            call = "host_to_device" if kind == "copy_in" else "device_to_host"
+            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
+
+    def _copied(
+        self,
+        kind: str,
+        use_id: int,
+        record: Allocation,
+        host: HostRange,
+        keep_host: bool,
+        token: object,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+    ) -> CopyEvent:
+        """A copy the backend finished on the call, after its step: counted, traced, its host
+        bytes released (an input's) or valid (an output's); its event, settled."""
+        into_device = kind == "copy_in"
+        self._count(into_device, host.nbytes)
+        if self._trace is not None:
+            self._trace.instant(kind, record, host.nbytes)
+        if into_device:
+            host.ring.read_done(host, not keep_host)
+        else:
+            host.ring.write_done(host)
+        return copied(self._engine, use_id, token, src, dst)
+
+    def _count(self, into_device: bool, nbytes: int) -> None:
+        """A copy the backend took (or one held back): the traffic `stats()` counts."""
+        if into_device:
+            self._copies_in += 1
+            self._bytes_in += nbytes
+        else:
+            self._copies_out += 1
+            self._bytes_out += nbytes
+
+    def _seal(self, alloc_id: int, generation: int, extent: int, spec: ObjectSpec) -> int:
+        return hash((self._secret, alloc_id, generation, extent, spec))
+
+    def _resolve(self, handle: object) -> tuple[tuple[int, int], Allocation | None]:
+        """The core's key and live record (None once dead) of a handle this bridge issued,
+        unaltered (HANDLE-1). Callers use the record, never the handle's own fields."""
+        if type(handle) is DeviceHandle and type(handle.id) is int:
+            record = self._core.allocation(handle.id)
+            if record is not None and record.handle is handle:  # the issued object itself
+                return (record.id, record.generation), record
+            if self._genuine(handle):
+                return (handle.id, handle.generation), record
+        raise InvalidHandleError("HANDLE-1", f"{short(handle)} is not a handle this bridge issued")
+
+    def _genuine(self, h: DeviceHandle) -> bool:
+        """An exact copy of a handle this bridge issued: same-typed fields under this bridge's seal."""
+        if not (type(h.generation) is int and type(h.extent) is int and type(h.spec) is ObjectSpec):
+            return False
+        if not (type(h.owner) is int and type(h.seal) is int and h.owner == self._owner):
+            return False
+        try:
+            return h.seal == self._seal(h.id, h.generation, h.extent, h.spec)
+        except Exception:  # a spec altered past its own validation (unhashable fields)
+            return False
+
+    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> tuple[tuple[int, int], Allocation]:
+        if not isinstance(host, HostRange) or not isinstance(device, DeviceRange):
+            raise RangeError(
+                "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
+            )
+        key, record = self._fitting(device)
+        if host.nbytes != device.nbytes:
+            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
+        return key, self._copyable(key, record)
+
+    def check_device_range(self, device: DeviceRange) -> None:
+        """Whether a copy of `device` would pass the device side of a copy's checks now: a
+        range of a live allocation of this bridge, within its extent. Changes nothing.
+
+        Raises:
+            RangeError: RANGE-1, for what is not a DeviceRange that fits its allocation.
+            InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
+            StaleHandleError: GEN-2, for a handle of an older generation."""
+        if not isinstance(device, DeviceRange):
+            raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
+        with self._lock:
+            self._copyable(*self._fitting(device))
+
+    def _fitting(self, device: DeviceRange) -> tuple[tuple[int, int], Allocation | None]:
+        """The key and record of `device`'s allocation, the range within its extent (RANGE-1)."""
+        key, record = self._resolve(device.handle)
+        extent = record.extent if record is not None else device.handle.extent  # sealed when dead
+        offset, nbytes = device.offset, device.nbytes
+        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= extent - offset):
+            raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
+        return key, record
+
+    def _copyable(self, key: tuple[int, int], record: Allocation | None) -> Allocation:
+        """The record, once the core says a copy may begin on it (GEN-2, USE-1)."""
+        self._core.check([key], "copy_begin")
+        if record is None:  # the check refuses a dead allocation; should it not, still no crash
+            raise self._core.dead(*key, "copy_begin")
+        return record
+
+    def _first_status(self, token: object) -> Status | None:
+        """An asynchronous copy's status on submission: the backend's answer to one query (done
+        already: it takes the synchronous copy's fused step); None for one held back (no token)."""
+        if token is None:
+            return None
+        status = self._engine.ask(token)
+        return OK if status.done and status.error is None else status
+
+    def _submitted(self, use: InFlight, event: CopyEvent, status: Status | None) -> CopyEvent:
+        """An asynchronous copy in flight, tracked until done (`status`: its first query; a
+        failed one settles it at once)."""
+        self._track(use, event)
+        if status is None:  # held back: launched when its predecessors end
+            self._counts["held"] += 1
+        elif status.done:
+            self._engine.end_event(event, status)
+        return event
+
+    def _track(self, use: InFlight, event: Event) -> None:
+        """The core keeps the use's event (and its token, once submitted) until the use ends."""
+        use.event = event
+        if event.backend_token is not None:
+            self._core.submitted(use, event.backend_token)

@@ -1,14 +1,15 @@
-"""Copy and compute events as the worker sees them, and the one channel between them and the
-Bridge that issued them (`Link`): events never reach into the Bridge, nor the Bridge into them."""
+"""Copy and compute events as the worker sees them. An event asks the engine of the Bridge that
+issued it (devbridge.bridge.engine) to apply what the backend finished, to block on the backend,
+to open and close a compute's block; the engine settles it (`settle`), and only it."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from devbridge.args import as_seconds
 from devbridge.errors import BridgeError, WaitTimeoutError
@@ -16,57 +17,38 @@ from devbridge.ring.host import HostRange
 from devbridge.types import DeviceHandle, DeviceRange
 
 
-class Link:
-    """A Bridge's side of its events. The Bridge gives it what an event may ask of it (apply
-    what the backend finished, block on the backend, close a compute's block) and settles
-    events through it; an event holds its bridge's Link, which also says whose event it is."""
+class Issuer(Protocol):
+    """What an event asks of the engine of the Bridge that issued it (devbridge.bridge.engine)."""
 
-    __slots__ = ("block", "close", "enter", "future", "refresh")
+    def refresh_event(self, event: Event) -> None:
+        """Apply what the backend finished for `event` (and for what it follows)."""
 
-    def __init__(
-        self,
-        refresh: Callable[[Event], None],
-        block: Callable[[Event, float | None], None],
-        enter: Callable[[ComputeEvent], None],
-        close: Callable[[ComputeEvent], None],
-        future: Callable[[Event], asyncio.Future[None]],
-    ) -> None:
-        self.refresh = refresh  # apply what the backend finished for this event (and what it follows)
-        self.block = block  # block on the backend until it may have finished, or the timeout passes
-        self.enter = enter  # a compute's block begins: it cannot end before the block does
-        self.close = close  # a compute's block is over: its work is all enqueued
-        self.future = future  # an asyncio future of the running loop that ends as the event does
+    def block(self, event: Event, timeout: float | None) -> None:
+        """Block on the backend until it may have finished `event`, or `timeout` seconds pass."""
 
-    def copied(
-        self, use_id: int, backend_token: object, src: HostRange | DeviceRange, dst: HostRange | DeviceRange
-    ) -> CopyEvent:
-        """The event of a copy done before its event was made (a synchronous one): settled."""
-        event = CopyEvent(self, use_id, backend_token, src, dst)
-        event._done = True
-        return event
+    def enter(self, event: ComputeEvent) -> None:
+        """A compute's block begins: it cannot end before the block does."""
 
-    def owns(self, event: object) -> bool:
-        return isinstance(event, Event) and event._link is self
+    def close(self, event: ComputeEvent) -> None:
+        """A compute's block is over: its work is all enqueued."""
 
-    @staticmethod
-    def settle(event: Event, error: BridgeError | None) -> None:
-        """The event is done: its effects were applied; `error` is its failure, if any."""
-        event._settle(error)
+    def future(self, event: Event) -> asyncio.Future[None]:
+        """An asyncio future of the running loop that ends as `event` does."""
 
 
 class Event:
     """A use in flight on the backend. Done once the backend finished it and the Bridge
     applied its effects (released host bytes, made output valid, ran deferred frees)."""
 
-    def __init__(self, link: Link, use_id: int, backend_token: object) -> None:
-        self._link = link
+    def __init__(self, engine: Issuer, use_id: int, backend_token: object) -> None:
+        self._engine = engine
         self.use_id = use_id
         self.backend_token = backend_token
         self._done = False
         self._error: BridgeError | None = None
 
     def _settle(self, error: BridgeError | None) -> None:
-        """Done, its effects applied (through its bridge's Link only); `error`: its failure."""
+        """Done, its effects applied (by its bridge's engine only); `error`: its failure."""
         self._error = error
         self._done = True
 
@@ -74,7 +56,7 @@ class Event:
         """Whether the use is over and its effects applied; asks the bridge to apply what the
         backend finished, never blocks. Never raises."""
         if not self._done:
-            self._link.refresh(self)
+            self._engine.refresh_event(self)
         return self._done
 
     @property
@@ -88,7 +70,7 @@ class Event:
         """`await event` in asyncio: returns once it is done, raises its failure; with
         `asyncio.wait_for(event, timeout)` for a timeout. No thread per event: the bridge's
         one watcher settles every awaited event as the backend reports completions."""
-        return self._link.future(self).__await__()
+        return self._engine.future(self).__await__()
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done; raise the event's failure. WaitTimeoutError (a TimeoutError) if
@@ -100,15 +82,35 @@ class Event:
             raise self._error
 
 
+def copied(
+    engine: Issuer, use_id: int, backend_token: object, src: HostRange | DeviceRange, dst: HostRange | DeviceRange
+) -> CopyEvent:
+    """The event of a copy done before its event was made (a synchronous one): settled."""
+    event = CopyEvent(engine, use_id, backend_token, src, dst)
+    event._done = True
+    return event
+
+
+def issued_by(event: object, engine: Issuer) -> bool:
+    """Whether `event` is an event of the bridge whose engine is `engine`."""
+    return isinstance(event, Event) and event._engine is engine
+
+
+def settle(event: Event, error: BridgeError | None) -> None:
+    """The event is done, its use's effects applied; `error` is its failure, if any (the Bridge
+    that issued it calls this, through its engine, and only it)."""
+    event._settle(error)
+
+
 def wait_done(event: Event, ends: float | None, timeout: object) -> None:
     """The one wait for one event (Event.wait, Bridge.wait_all): block on the backend through the
-    event's Link until it is done; WaitTimeoutError (WAIT-1) once `ends` (a `deadline` of
+    event's engine until it is done; WaitTimeoutError (WAIT-1) once `ends` (a `deadline` of
     `timeout`) passes."""
     while not event.done():
         remaining = None if ends is None else ends - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise WaitTimeoutError("WAIT-1", f"{event!r} not done after {timeout} s")
-        event._link.block(event, remaining)
+        event._engine.block(event, remaining)
 
 
 def deadline(timeout: object) -> float | None:
@@ -125,14 +127,14 @@ class CopyEvent(Event):
 
     def __init__(
         self,
-        link: Link,
+        engine: Issuer,
         use_id: int,
         backend_token: object,
         src: HostRange | DeviceRange,
         dst: HostRange | DeviceRange,
     ) -> None:
         # (Event's fields set here, not by super().__init__: a copy's event is made on the per-call path)
-        self._link = link
+        self._engine = engine
         self.use_id = use_id
         self.backend_token = backend_token
         self._done = False
@@ -151,8 +153,8 @@ class ComputeEvent(Event):
     enqueues is covered) and cannot complete before the block exits.
     """
 
-    def __init__(self, link: Link, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
-        super().__init__(link, use_id, backend_token)
+    def __init__(self, engine: Issuer, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
+        super().__init__(engine, use_id, backend_token)
         self.handles = handles
         self.open = False
 
@@ -160,7 +162,7 @@ class ComputeEvent(Event):
         """Open the block: the tinygrad work it queues is what the compute covers, so the
         event cannot complete before the block ends."""
         self.open = True
-        self._link.enter(self)
+        self._engine.enter(self)
         return self
 
     def __exit__(
@@ -172,14 +174,14 @@ class ComputeEvent(Event):
         """Close the block: its work is all queued; the event completes when the device has run
         it. An exception in the block passes through."""
         self.open = False
-        self._link.close(self)
+        self._engine.close(self)
 
     def wait(self, timeout: float | None = None) -> None:
         """Waiting declares the compute work submitted: an open event is closed first."""
         deadline(timeout)  # a refused timeout leaves the event open
         if self.open:
             self.open = False
-            self._link.close(self)
+            self._engine.close(self)
         super().wait(timeout)
 
     def __repr__(self) -> str:

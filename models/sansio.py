@@ -20,10 +20,11 @@ exhaustive: every state the bound allows is reached.
 What drives the core and the ring is `Step`, the calls the Bridge makes on
 them for each API call, over a model device that runs submitted uses and ends
 them in any order, successfully or not. The orchestration is the real one:
-`Step` is the core's `Executor`, as the Bridge's `_Execution` is, so what a
-new use does (`plan`), when a use ends (`settle`, exactly once), which held
-uses launch then and in what order, what `poll` and a completion reported
-while the lock is busy settle, all run the core's own code. The device's
+`Step` is the core's `Runner` over the model device, as the Bridge's engine is
+over a backend: what a new use does (`plan`), when a use ends (`finish`,
+exactly once), which held uses launch then and in what order, what a poll and
+a completion reported while the lock is busy end, all run the same code, and
+Step checks each effect the core returns. The device's
 completions come every way they reach the Bridge: reported with the lock free,
 reported while it is busy (applied by the next call), found by a poll on a
 device that runs what the poll launches at once.
@@ -54,7 +55,7 @@ from devbridge.errors import BridgeError, OutputNotReadyError, RingFullError
 from devbridge.models.checker import EXTENT, Bound, Figures
 from devbridge.models.coverage import Coverage
 from devbridge.models.explorer import Expansion, explore
-from devbridge.ring.host import HostRange, HostRing, RingState
+from devbridge.ring.host import HostRange, HostRing, RingState, made_range
 from devbridge.spec import Rejection, guard_values, level
 from devbridge.spec import load as load_spec
 from devbridge.statemachine import default_table
@@ -62,11 +63,12 @@ from devbridge.statemachine.core import (
     USE_EVENTS,
     Allocation,
     CoreState,
-    Effects,
     InFlight,
     InvariantViolation,
     LifecycleCore,
+    Settle,
 )
+from devbridge.statemachine.runner import Runner
 from devbridge.statemachine.status import PENDING, Status
 
 #: A state, canonical: (generation, faults injected so far, the ring's bookkeeping moved back
@@ -160,12 +162,13 @@ class Use(NamedTuple):
     generation: int
 
 
-class Step:
+class Step(Runner):
     """One action from one state: the Bridge's calls on the core and the ring, a device that
-    runs what is submitted, and the checks of every answer against its own record."""
+    runs what is submitted, and the checks of every answer against its own record. It runs the
+    core's effects as the Bridge does: it is the core's `Runner` over the model device."""
 
     def __init__(self, ring_capacity: int) -> None:
-        self.core = LifecycleCore()
+        super().__init__(LifecycleCore())
         self.ring = HostRing(ring_capacity)
         # Step's record; each set a value (a change makes a new one), so that a state's are
         # shared by every action from it, not copied for each
@@ -279,7 +282,7 @@ class Step:
     # ------------------------------------------------------------ the Bridge's side
 
     def host(self, start: int, nbytes: int) -> HostRange:
-        return HostRange._made(self.ring, start, nbytes)
+        return made_range(self.ring, start, nbytes)
 
     def key(self, alloc: int) -> tuple[int, int]:
         record = self.core.allocation(alloc)
@@ -336,10 +339,11 @@ class Step:
         self.uses[use.id] = Use(kind, alloc, dspan, (r.start, r.nbytes), self.core.generation)
         self.used |= {alloc}
         if not before:
-            self.submit(use.id)
+            self.take(use.id)
             if mode == "lost":  # its first query fails: settled as failed at once
                 self.faults += 1
-                self.core.settle(use, Status(True, "querying the backend failed"), self)
+                self.done[use.id] = failed = Status(True, "querying the backend failed")
+                self.end(use, failed)
 
     def compute(self, alloc: int, fails: bool) -> None:
         key = self.key(alloc)
@@ -352,7 +356,7 @@ class Step:
         use = self.core.begin("compute", [key], before=[])
         self.uses[use.id] = Use("compute", alloc, None, None, self.core.generation)
         self.used |= {alloc}
-        self.submit(use.id)
+        self.take(use.id)
 
     def wrap(self, alloc: int) -> None:
         key = self.key(alloc)
@@ -408,7 +412,7 @@ class Step:
 
     # ------------------------------------------------------------ the device
 
-    def submit(self, use_id: int) -> None:
+    def take(self, use_id: int) -> None:
         """The device takes a use and gives it a token."""
         use = self.uses[use_id]
         record = self.core.allocation(use.alloc)
@@ -430,7 +434,7 @@ class Step:
         if blocker.id not in self.submitted:
             raise Broken("ORDER-1", f"waiting for use #{blocker.id}, which is held: forever")
         self.done[blocker.id] = Status(True)
-        self.core.refresh(blocker, self)
+        self.refresh(blocker)
         self.settled()
 
     def settled(self) -> None:
@@ -439,7 +443,7 @@ class Step:
             raise Broken("completion", f"uses {left} finished on the device are still in flight")
         self.done.clear()
 
-    # ------------------------------------------------------------ the core's executor
+    # ------------------------------------------------------------ the device, for the core's runner
 
     def query(self, use: InFlight) -> Status:
         if use.id not in self.uses:
@@ -448,7 +452,7 @@ class Step:
             raise Broken("ORDER-1", f"use #{use.id} queried while held back")
         return self.done.get(use.id, PENDING)
 
-    def launch(self, use: InFlight) -> Status | None:
+    def submit(self, use: InFlight) -> Status | None:
         """A held use the core launches: every earlier use it conflicts with has ended."""
         u = use.id
         if (mine := self.uses.get(u)) is None:
@@ -457,33 +461,44 @@ class Step:
             raise Broken("once", f"use #{u} launched twice")
         if early := [v for v, w in self.uses.items() if v < u and w.alloc == mine.alloc and conflict(w, mine)]:
             raise Broken("ORDER-1", f"use #{u} launched before the uses {early} it follows ended")
-        self.submit(u)
+        self.take(u)
         if self.instant:
             self.done[u] = Status(True)
         return None
 
-    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
-        """The Bridge's `_apply`: host bytes and device frees, checked against the record."""
-        if isinstance(effects, BridgeError):
-            return  # the core raises it
-        u = use.id
+    def expected(self, u: int, mine: Use) -> str | None:
+        """The rule use `u`'s end must report, by Step's record: aborted by a restart, failed on the
+        device, or none."""
+        if mine.generation != self.core.generation:
+            return FAILURE_RULES["aborted"]
+        status = self.done.get(u)
+        return None if status is None or status.error is None else FAILURE_RULES[mine.kind]
+
+    def host_done(self, use: InFlight, ok: bool) -> None:
+        """The Bridge's end of a copy's host bytes, checked against the record."""
+        if (mine := self.uses.get(use.id)) is None or mine.host is None:
+            raise Broken("once", f"use #{use.id}'s host bytes ended after it ended")
+        r = self.host(*mine.host)
+        if mine.kind == "copy_in":
+            self.ring.end_read(r, release=ok)
+        else:
+            self.ring.end_write(r, valid=ok)
+        self.expect_host(mine.kind, r, ok=self.expected(use.id, mine) is None)
+
+    def release_memory(self, record: Allocation, by: InFlight) -> None:
+        self.release_device(record.memory, ending=by.id)
+
+    def settle(self, effect: Settle) -> None:
+        """The use's event, once, with the failure the spec names for how it ended."""
+        if effect.broken:
+            return  # the runner raises it
+        u = effect.use.id
         if (mine := self.uses.pop(u, None)) is None:
             raise Broken("once", f"use #{u} ended twice")
         self.submitted -= {u}
-        ok = status.error is None
-        aborted = mine.generation != self.core.generation
-        expected = FAILURE_RULES["aborted"] if aborted else None if ok else FAILURE_RULES[mine.kind]
-        if effects.error_rule != expected:
-            raise Broken("failure", f"use #{u} reported {effects.error_rule}, not {expected}")
-        if mine.host is not None:
-            r = self.host(*mine.host)
-            if mine.kind == "copy_in":
-                self.ring.end_read(r, release=effects.host_ok)
-            else:
-                self.ring.end_write(r, valid=effects.host_ok)
-            self.expect_host(mine.kind, r, ok=expected is None)
-        for record in effects.release:
-            self.release_device(record.memory)
+        expected, got = self.expected(u, mine), None if effect.error is None else effect.error.rule
+        if got != expected:
+            raise Broken("failure", f"use #{u} reported {got}, not {expected}")
 
     # ------------------------------------------------------------ how completions arrive
 
@@ -497,23 +512,24 @@ class Step:
         self.done[use_id] = Status(True, None if ok else "the device failed it")
         token = self.tokens[use_id]
         if how == "report":
-            self.core.reported(token, self)
+            self.reported(token)
         elif how == "busy":
-            self.core.reported(token, None)
-            self.core.drain(self)  # the next call, first thing
+            self.core.reported(token)
+            self.drain()  # the next call, first thing
         else:
             self.instant = True
             try:
-                self.core.poll(self)
+                self.poll()
             finally:
                 self.instant = False
         self.settled()
 
-    def release_device(self, memory: object) -> None:
-        """The Bridge frees an allocation's device buffer (its memory here is its id)."""
+    def release_device(self, memory: object, ending: int | None = None) -> None:
+        """The Bridge frees an allocation's device buffer (its memory here is its id), as the use
+        `ending` ends (its event is settled next)."""
         if memory not in self.live:
             raise Broken("INV-FREE-ONCE", f"allocation #{memory} freed on the device twice")
-        if users := [u for u, use in self.uses.items() if use.alloc == memory]:
+        if users := [u for u, use in self.uses.items() if use.alloc == memory and u != ending]:
             raise Broken("INV-NO-FREE-IN-USE", f"allocation #{memory} freed while uses {users} use it")
         self.live -= {memory}
 
@@ -613,7 +629,7 @@ class Step:
             self.complete(action[1], action[2], action[3])
         elif kind == "drop":  # the view's tensor is collected; the next call drains it
             self.core.view_gone(action[1])
-            self.core.drain(self)
+            self.drain()
             if action[1] in self.uses:
                 raise Broken("completion", f"view #{action[1]} is still in flight after it was collected")
         elif kind == "restart":

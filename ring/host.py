@@ -144,7 +144,7 @@ class HostRing:
         Raises:
             InvalidArgumentError: ARG-1 for a bad or taken name, or a bad `records`.
             RangeError: RANGE-1 for a bad capacity."""
-        ring: HostRing = _shared().SharedRing._create(name, capacity, records)
+        ring: HostRing = _shared().SharedRing.create_segment(name, capacity, records)
         return ring
 
     @classmethod
@@ -155,7 +155,7 @@ class HostRing:
             InvalidArgumentError: ARG-1 when no segment has that name.
             RingCorruptError: SHM-1 when it is not a devbridge ring, not this user's alone, or
                 its header does not hold a ring's sizes."""
-        ring: HostRing = _shared().SharedRing._attach(name)
+        ring: HostRing = _shared().SharedRing.attach_segment(name)
         return ring
 
     def close(self) -> None:
@@ -215,7 +215,7 @@ class HostRing:
             self._starts.append(start)
             self._ends.append(start + n)
             self._head = start + n
-            return HostRange._made(self, start, n)
+            return made_range(self, start, n)
 
     def write(self, r: HostRange, data: Any) -> None:
         """Copy `data` into the bytes of `r`.
@@ -315,7 +315,7 @@ class HostRing:
     def unreleased(self) -> list[HostRange]:
         """The unreleased spans, oldest first."""
         with self._lock:
-            return [HostRange._made(self, s, e - s) for s, e in zip(self._starts, self._ends, strict=True)]
+            return [made_range(self, s, e - s) for s, e in zip(self._starts, self._ends, strict=True)]
 
     # ------------------------------------------------------------ records
 
@@ -435,7 +435,7 @@ class HostRing:
                 self._check_consumer()
             record = self._ready.popleft()
             record.taken = self._generation
-            return HostRange._record(self, record)
+            return record_range(self, record)
 
     def consume(self) -> int:
         """Become the ring's consumer: the ring's next consumer generation (1, 2, ...). Records
@@ -762,15 +762,6 @@ class HostRange:
         object.__setattr__(self, "start", start)
         object.__setattr__(self, "nbytes", nbytes)
 
-    @classmethod
-    def _made(cls, ring: HostRing, start: int, nbytes: int) -> HostRange:
-        """A range the ring made itself, known valid: built without the checks (the hot path)."""
-        r = object.__new__(cls)
-        _set_ring(r, ring)
-        _set_start(r, start)
-        _set_nbytes(r, nbytes)
-        return r
-
     def __getstate__(self) -> tuple[object, ...]:  # (copy.copy: the record's fields may be unset)
         return self.ring, self.start, self.nbytes, self.seq, self.redelivered
 
@@ -782,14 +773,6 @@ class HostRange:
         if seq is not None:
             _set_seq(self, seq)
             _set_redelivered(self, redelivered)
-
-    @classmethod
-    def _record(cls, ring: HostRing, record: _Record) -> HostRange:
-        """The range of a record `take` gives out."""
-        r = cls._made(ring, record.start, record.end - record.start)
-        _set_seq(r, record.seq)
-        _set_redelivered(r, record.redelivered)
-        return r
 
     @property
     def end(self) -> int:
@@ -817,10 +800,27 @@ class HostRange:
         o, n = range_fields("host sub-range", offset, nbytes)
         if o + n > self.nbytes:
             raise RangeError("RANGE-1", f"sub-range [{o}, {o + n}) exceeds {self.nbytes} bytes")
-        return HostRange._made(self.ring, self.start + o, n)
+        return made_range(self.ring, self.start + o, n)
 
 
 # fill a frozen range without running its checks again
 _set_ring, _set_start, _set_nbytes, _set_seq, _set_redelivered = slot_setters(
     HostRange, "ring", "start", "nbytes", "_seq", "_redelivered"
 )
+
+
+def made_range(ring: HostRing, start: int, nbytes: int) -> HostRange:
+    """A range a ring made itself, known valid: built without the checks (the hot path)."""
+    r = object.__new__(HostRange)
+    _set_ring(r, ring)
+    _set_start(r, start)
+    _set_nbytes(r, nbytes)
+    return r
+
+
+def record_range(ring: HostRing, record: _Record) -> HostRange:
+    """The range of a record `take` gives out."""
+    r = made_range(ring, record.start, record.end - record.start)
+    _set_seq(r, record.seq)
+    _set_redelivered(r, record.redelivered)
+    return r

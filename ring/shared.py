@@ -32,7 +32,17 @@ from devbridge.errors import (
     WaitTimeoutError,
     short,
 )
-from devbridge.ring.host import MAX_CAPACITY, HostRange, HostRing, RingState, Span, _fmt, _Record
+from devbridge.ring.host import (
+    MAX_CAPACITY,
+    HostRange,
+    HostRing,
+    RingState,
+    Span,
+    _fmt,
+    _Record,
+    made_range,
+    record_range,
+)
 from devbridge.ring.segment import Segment, alive, this_process
 from devbridge.spec.ring import load_ring
 
@@ -103,7 +113,7 @@ class SharedRing(HostRing):
         self._next_reclaim = 0.0  # when a waiting reserve looks for dead producers next
         # the fixed fields of reservations (by number: never reused) once checked
         self._fixed: dict[int, tuple[int, int, int, int]] = {}
-        self._ring_id = self._words[_H_ID]  # (checked by `_attach`)
+        self._ring_id = self._words[_H_ID]  # (checked by `attach_segment`)
         self._setup(capacity, words[data : data + capacity])
         # The segment's lock: after the ring's (every use here holds that first), or alone
         # where the ring's is held already.
@@ -114,7 +124,8 @@ class SharedRing(HostRing):
     # ------------------------------------------------------------ making and ending
 
     @classmethod
-    def _create(cls, name: object, capacity: object, records: object) -> SharedRing:
+    def create_segment(cls, name: object, capacity: object, records: object) -> SharedRing:
+        """A new ring in a new segment (`HostRing.create` checks nothing before it: this does)."""
         size = as_count(capacity)
         if size is None or not 0 < size <= MAX_CAPACITY:
             raise RangeError("RANGE-1", f"ring capacity must be an int in [1, 2**40], got {short(capacity)}")
@@ -131,7 +142,8 @@ class SharedRing(HostRing):
         return cls(segment, size, slots)
 
     @classmethod
-    def _attach(cls, name: object) -> SharedRing:
+    def attach_segment(cls, name: object) -> SharedRing:
+        """The ring in an existing segment, its header checked (`HostRing.attach`)."""
         segment = Segment.open(name, _HEADER_WORDS * 8)
         try:
             words = memoryview(segment.map)[: _HEADER_WORDS * 8].cast("q")
@@ -372,7 +384,7 @@ class SharedRing(HostRing):
                     self._head = start + n
                     self._records[start] = _Record(start, start + n, -1, index)
                     self._record_starts.append(start)
-                    return HostRange._made(self, start, n)
+                    return made_range(self, start, n)
             self._segment.wait(_H_RELEASES * 8, seen, RECLAIM_EVERY_S if left is None else min(left, RECLAIM_EVERY_S))
 
     def _reserve_now(self, n: int, me: tuple[int, int]) -> tuple[int, int] | None:  # both locks held
@@ -617,7 +629,7 @@ class SharedRing(HostRing):
                     self._records[record.start] = record
                     insort(self._record_starts, record.start)
                     self._rejoin(record.start, record.end)
-                    return HostRange._record(self, record)
+                    return record_range(self, record)
             self._segment.wait(_H_COMMITS * 8, seen, FENCE_EVERY_S if left is None else min(left, FENCE_EVERY_S))
 
     def _take_now(self) -> _Record | None:  # both locks held
@@ -728,7 +740,7 @@ class SharedRing(HostRing):
                         if start not in self._records:
                             return False  # another process's, or committed and not taken
                         if self._any_unreleased(
-                            HostRange._made(self, max(r.start, start), min(r.end, start + nbytes) - max(r.start, start))
+                            made_range(self, max(r.start, start), min(r.end, start + nbytes) - max(r.start, start))
                         ):
                             return False
                 return True

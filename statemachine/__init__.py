@@ -4,13 +4,13 @@ Pure: no device work, no threads, and none of numpy, tinygrad or transitions (im
 contracts in pyproject). The spec as a `transitions.Machine` is in `devbridge.models.machine`.
 """
 
-from devbridge.statemachine.core import Allocation, Effects, Executor, InFlight, LifecycleCore, Plan
+from devbridge.statemachine.core import Allocation, Effect, Effects, InFlight, LifecycleCore, Plan
 from devbridge.statemachine.machine import Table, compile_table, default_table
 
 __all__ = [
     "Allocation",
+    "Effect",
     "Effects",
-    "Executor",
     "InFlight",
     "LifecycleCore",
     "Plan",

@@ -2,8 +2,8 @@
 
 The core holds every lifecycle decision and performs no device work: the
 Bridge asks it whether a call is allowed (`check`), tells it what happened
-(`begin`, `end`, `free`, `restart`), and carries out the `Effects` it
-returns (backend frees, host-ring releases). Its books are a `Ledger`
+(`begin`, `submitted`, `finish`, `free`, `restart`), and carries out what it
+returns (backend frees, host-ring releases, events to settle). Its books are a `Ledger`
 (statemachine/ledger.py); its records and decisions are values
 (statemachine/records.py). Not thread-safe: the Bridge serialises calls.
 
@@ -13,36 +13,44 @@ says what to do with a new use: submit it, hold it behind the uses it
 follows, or wait for one of them first (ORDER-2 refuses a wait that could
 never end).
 
-Orchestration: the core also decides what happens as uses end. `settle` ends a
-use exactly once, whatever order completions, launches and polls come in; the
-held uses its end made ready are launched in issue order (`launch_ready`, one
-loop however long the chain); `poll`, `refresh` and `drain` settle what the
-device finished. Each takes an `Executor`, which does the I/O: the Bridge over
-a backend, the sans-I/O checker over a model device. Both run this same code.
+Orchestration: the core also decides what happens as uses end, and says it as
+values. `finish` ends a use exactly once, whatever order completions, launches
+and polls come in, and returns what must happen (`Effect`s: the host bytes,
+the device frees, the event, the held uses to launch, in issue order);
+`refresh_order`, `polled`, `reports` and `views_ended` say which uses to ask
+the device about. The core never calls out: whoever runs the uses executes the
+effects and feeds the device's answers back (the Bridge over a backend, the
+sans-I/O checker over a model device; both read the same values).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 
 from devbridge.errors import BridgeError, OrderingError
 from devbridge.statemachine.ledger import Ledger
 from devbridge.statemachine.records import (
     ABORTED,
+    HOST_SIDE,
     SUBMIT,
     USE_EVENTS,
     Allocation,
     Composite,
     CoreState,
+    Effect,
     Effects,
-    Executor,
+    HostDone,
     InFlight,
     InvariantViolation,
     Lookups,
     Plan,
+    Release,
+    Settle,
+    Submit,
     packaged_lookups,
 )
-from devbridge.statemachine.status import OK, Status
+from devbridge.statemachine.status import Status
 
 # the core's records and its ledger, importable from here as before
 __all__ = [
@@ -52,14 +60,18 @@ __all__ = [
     "Allocation",
     "Composite",
     "CoreState",
+    "Effect",
     "Effects",
-    "Executor",
+    "HostDone",
     "InFlight",
     "InvariantViolation",
     "Ledger",
     "LifecycleCore",
     "Lookups",
     "Plan",
+    "Release",
+    "Settle",
+    "Submit",
     "packaged_lookups",
 ]
 
@@ -107,94 +119,97 @@ class LifecycleCore(Ledger):
 
     # ------------------------------------------------------------ orchestration
 
-    def settle(self, use: InFlight, status: Status, run: Executor) -> bool:
-        """The one place a use ends, exactly once: False when it ended already (a poll that
-        reaches a use an earlier settle launched and the device ended at once). The held uses
-        its end made ready are launched after its event is settled."""
+    def finish(self, use: InFlight, status: Status) -> list[Effect]:
+        """The one place a use ends, exactly once ([] when it ended already: a poll that reaches a
+        use an earlier end launched and the device ended at once). What the executor must do, in
+        order: the host side of a copy (`HostDone`), the device frees it allows (`Release`), its
+        event (`Settle`), then the held uses its end made ready (`Submit`, in issue order; the
+        executor launches them after whatever it has yet to launch). A ready use a restart made
+        stale never reaches the device: it ends here, aborted, and its followers with it."""
         if self.ended(use):
-            return False
-        try:
-            effects = self.end(use.id, ok=status.error is None)
-        except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
-            run.ended(use, e, status)
-            raise
-        if effects.ready:
-            self._ready.extend(effects.ready)
-        run.ended(use, effects, status)
-        if self._ready:
-            self.launch_ready(run)
-        return True
+            return []
+        effects: list[Effect] = []
+        ready: deque[tuple[InFlight, Status]] = deque([(use, status)])
+        while ready:
+            use, status = ready.popleft()
+            try:
+                end = self.end(use.id, ok=status.error is None)
+            except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
+                effects.append(Settle(use, e, broken=True))
+                return effects
+            effects.extend(self._ending(end, status))
+            for follower in end.ready:  # in issue order
+                if follower.generation != self.generation:
+                    ready.append((follower, ABORTED))
+                else:
+                    effects.append(Submit(follower))
+        return effects
+
+    def _ending(self, end: Effects, status: Status) -> list[Effect]:
+        """The executor's part of one use's end: its host bytes, its frees, its event's outcome
+        (the spec's `failures` name the rule and the error)."""
+        use = end.use
+        effects: list[Effect] = []
+        if use.kind in HOST_SIDE:
+            effects.append(HostDone(use, end.host_ok))
+        effects.extend(Release(record, use) for record in end.release)
+        error = None
+        if end.aborted:
+            error = self.failure("aborted", f"{use.kind} #{use.id} was aborted by restart")
+        elif end.error_rule is not None:
+            error = self.failure(use.kind, f"{use.kind} #{use.id} failed: {status.error}")
+        effects.append(Settle(use, error, aborted=end.aborted))
+        return effects
 
     def ended(self, use: InFlight) -> bool:
         """Whether `use` is no longer in flight."""
         return self._inflight.get(use.id) is not use
 
-    def launch_ready(self, run: Executor) -> None:
-        """Launch the held uses made ready, in issue order; one loop however long the chain (a
-        launch that fails, aborts or ends at once makes its followers ready in turn, for this
-        same loop). A use a restart made stale is aborted, never submitted."""
-        if self._launching:
-            return
-        self._launching = True
-        try:
-            while self._ready:
-                use = self._ready.popleft()
-                if use.generation != self.generation:
-                    self.settle(use, ABORTED, run)
-                elif (failure := run.launch(use)) is not None:
-                    self.settle(use, failure, run)
-                else:
-                    self.settle_if_done(use, run)
-        finally:
-            self._launching = False
+    def queryable(self, use: InFlight) -> bool:
+        """Whether the device may say `use` is done: submitted, in flight, and not a compute whose
+        `with` block is open (it cannot end before the block does)."""
+        return use.token is not None and not use.open and not self.ended(use)
 
-    def settle_if_done(self, use: InFlight, run: Executor) -> bool:
-        """Settle a submitted use the executor reports done (an open compute cannot be done)."""
-        if use.token is None or use.open or self.ended(use):
-            return False
-        status = run.query(use)
-        return status.done and self.settle(use, status, run)
-
-    def refresh(self, use: InFlight, run: Executor) -> None:
-        """Settle `use` if it is done; a held one first settles what it follows, whose end may
-        launch it."""
+    def refresh_order(self, use: InFlight) -> list[InFlight]:
+        """The uses to ask the device about so that `use` ends if it can: itself, and first, when
+        it is held, the uses it follows (whose ends may launch it), oldest first."""
         if self.ended(use):
-            return
+            return []
         if use.token is None:
-            for before in self.closure([use]):
-                if before is not use:
-                    self.settle_if_done(before, run)
-        self.settle_if_done(use, run)
+            return self.closure([use])
+        return [use]
 
-    def poll(self, run: Executor) -> int:
-        """Settle every use the executor reports done; how many ended (the drained ones too)."""
-        finished = self.drain(run)
-        for use in list(self._inflight.values()):  # settling may launch (and end) later ones
-            finished += self.settle_if_done(use, run)
-        return finished
+    def polled(self) -> list[InFlight]:
+        """The uses `poll` asks the device about, in issue order (a copy: ending one may launch,
+        and end, later ones)."""
+        return list(self._inflight.values())
 
-    def reported(self, token: object, run: Executor | None) -> None:
-        """The backend finished `token` (on any thread). With `run`, the caller holds the
-        Bridge's lock and it is applied now; without (the lock is busy), the next `drain` does."""
+    def reported(self, token: object) -> None:
+        """The backend finished `token` while a call held the Bridge's lock (on any thread): the
+        next call applies it (`reports`)."""
         self._reported.append(token)
-        if run is not None:
-            self.drain(run)
 
     def view_gone(self, use_id: int) -> None:
-        """A view's anchor was collected (on any thread): the next `drain` ends its use."""
+        """A view's anchor was collected (on any thread): the next call ends its use (`views_ended`)."""
         self._views_gone.append(use_id)
 
-    def drain(self, run: Executor) -> int:
-        """Apply what arrived while no call ran: views collected, tokens the backend finished.
-        How many uses ended."""
-        drained = 0
-        views, reported = self._views_gone, self._reported
+    @property
+    def news(self) -> bool:
+        """Whether anything arrived while no call ran (a reported token, a collected view)."""
+        return bool(self._reported or self._views_gone)
+
+    def views_ended(self) -> Iterator[InFlight]:
+        """The uses of the views collected since the last call, each still in flight (to `finish`
+        with OK), taken from the queue one at a time."""
+        views = self._views_gone
         while views:
-            use = self._inflight.get(views.popleft())
-            drained += use is not None and self.settle(use, OK, run)
+            if (use := self._inflight.get(views.popleft())) is not None:
+                yield use
+
+    def reports(self) -> Iterator[InFlight]:
+        """The submitted uses whose tokens the backend reported while a call ran, each still in
+        flight (to refresh), taken from the queue one at a time."""
+        reported = self._reported
         while reported:
-            token = reported.popleft()
-            if (use := self.submitted_use(token)) is not None:
-                self.refresh(use, run)
-                drained += self.ended(use)
-        return drained
+            if (use := self.submitted_use(reported.popleft())) is not None:
+                yield use

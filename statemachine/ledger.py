@@ -63,8 +63,6 @@ class Ledger:
         #: waiting for uses to end), and the ones already reported as waiting too long
         self._waiting: dict[int, float] = {}
         self._warned: set[int] = set()
-        self._ready: deque[InFlight] = deque()  # held uses whose predecessors all ended, to launch
-        self._launching = False  # a launch_ready loop is running (further calls leave it the work)
         #: tokens the backend reported finished and collected views' use ids, appended on any
         #: thread (deque appends are atomic) and applied by the next `drain`
         self._reported: deque[object] = deque()
@@ -389,7 +387,7 @@ class Ledger:
         in issue order, as `snapshot` gives them)."""
         self.generation, self._next_allocation, self._next_use, records, uses = state
         self._by_token, self._waiting = {}, {}  # neither is part of the value: no token, no clock
-        self._ready, self._reported, self._views_gone = deque(), deque(), deque()  # empty between calls
+        self._reported, self._views_gone = deque(), deque()  # empty between calls
         self._allocations = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
         self._inflight = inflight = {}
         for uid, kind, allocations, host, generation, keep_host, span, after in uses:  # in issue order

@@ -1,6 +1,7 @@
 """The core's records and decisions as values: an allocation, a use in flight, what to do
-with a new use (`Plan`), what a use's end asks of the Bridge (`Effects`), what the core asks of
-whoever runs the uses (`Executor`), and what it reads from its spec (`Lookups`)."""
+with a new use (`Plan`), what a use's end means (`Effects`), what the core asks whoever runs the
+uses to do (`Effect`: `Submit`, `HostDone`, `Release`, `Settle`), and what it reads from its spec
+(`Lookups`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from devbridge.spec import Lifecycle
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, default_table
 from devbridge.statemachine.status import Status
+
+#: The kinds of use that read or write host bytes (a copy's `HostRange`).
+HOST_SIDE = frozenset({"copy_in", "copy_out"})
 
 #: Kinds of use in flight, and the spec event that begins and ends each.
 USE_EVENTS: Mapping[str, tuple[str, str]] = {
@@ -83,22 +87,6 @@ SUBMIT = Plan()
 ABORTED = Status(True, "aborted by a restart before it was submitted")
 
 
-class Executor(Protocol):
-    """What the core's orchestration asks of whoever runs the uses (the Bridge over a backend,
-    the sans-I/O checker over a model device)."""
-
-    def query(self, use: InFlight) -> Status:
-        """The submitted use's status now (a failed query: done, with an error). Never blocks."""
-
-    def launch(self, use: InFlight) -> Status | None:
-        """Submit a held use whose predecessors all ended, and record its token (`submitted`);
-        None, or the failure status when the backend refused it."""
-
-    def ended(self, use: InFlight, effects: Effects | BridgeError, status: Status) -> None:
-        """Carry out the use's end (`effects`; or the bookkeeping error that stopped them) and
-        settle its event with `status`."""
-
-
 class Tracer(Protocol):
     """What the core reports as it goes, to whoever draws a timeline (devbridge.bridge.trace)."""
 
@@ -144,6 +132,50 @@ class Effects:
     error_rule: str | None
     ready: tuple[InFlight, ...] = ()
     aborted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Hand a held use to the device now: every use it followed has ended. The executor reports
+    what the device said: its token (`submitted`), then its first status, or the refusal, to
+    `finish` when done."""
+
+    use: InFlight
+
+
+@dataclass(frozen=True, slots=True)
+class HostDone:
+    """A copy ended: its host bytes are released (an input's, `ok`) or kept for the worker, valid
+    (an output's, `ok`) or never readable."""
+
+    use: InFlight
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Free the allocation's device memory: nothing uses it any more (FREE-2: once), since the end
+    of the use `by`."""
+
+    allocation: Allocation
+    by: InFlight
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """The use's event is done; `error` is its failure (None: it succeeded). `aborted`: a restart
+    ended it (GEN-1). `broken`: the bookkeeping failed (a bug): the executor settles the event
+    with the error, then raises it."""
+
+    use: InFlight
+    error: BridgeError | None
+    aborted: bool = False
+    broken: bool = False
+
+
+#: What the core asks whoever runs the uses to do (the Bridge over a backend, the sans-I/O checker
+#: over a model device), in the order it returns them.
+Effect = Submit | HostDone | Release | Settle
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,10 @@ from rules import deferred, refused
 from support import put
 
 import devbridge.bridge.bridge as bridge_module
-import devbridge.bridge.waiting as waiting_module
 from devbridge import Bridge, DeviceHandle, DeviceRange, HostRing, ObjectSpec, StaleHandleError, TensorViewSpec
 from devbridge.backends.base import BackendError
 from devbridge.backends.fake import DEFAULT_CAPACITY, Call, FakeBackend
+from devbridge.bridge.engine import Engine
 from devbridge.types import MAX_EXTENT
 
 U8 = ObjectSpec("blob", "uint8")
@@ -325,7 +325,7 @@ def test_waits_return_the_completion_another_thread_makes(
 def assert_woken(bridge: Bridge, event: Any, end: Callable[[], None]) -> None:
     """wait_any returns `event`, which `end` (on another thread, 50 ms later) ends: woken by it,
     not by its 5 s deadline (with POLL_S at 10 s, a waiter nobody wakes sleeps until then)."""
-    with mock.patch.object(waiting_module, "POLL_S", 10.0):
+    with mock.patch.object(bridge_module, "POLL_S", 10.0):
         threading.Timer(0.05, end).start()
         start = time.monotonic()
         assert bridge.wait_any([event], timeout=5) is event
@@ -590,13 +590,13 @@ def test_a_chain_of_three_held_copies_each_done_at_launch_ends_each_once_in_issu
     events = [first, down1, up2, down2]
     assert [c.op for c in fake.calls] == ["alloc", "copy_in"] and bridge.stats().held == 3
     ended: list[int] = []
-    original = bridge_module._Execution.ended
+    original = Engine.settle
 
-    def record(self: Any, use: Any, *args: Any) -> None:
-        ended.append(use.id)
-        original(self, use, *args)
+    def record(self: Any, effect: Any) -> None:
+        ended.append(effect.use.id)
+        original(self, effect)
 
-    with mock.patch.object(bridge_module._Execution, "ended", record):
+    with mock.patch.object(Engine, "settle", record):
         fake.finish_at_once = True
         if reported:
             fake.complete(first)  # the callback settles it, and the chain, before it returns

@@ -424,7 +424,7 @@ def test_a_copys_event_has_every_field_the_base_event_makes_with_the_same_values
     h = bridge.alloc_device(U8, 16)
     src = put(ring, b"x" * 16)
     copy = bridge.host_to_device(src, DeviceRange(h, 0, 16), sync=False)
-    base = Event(copy._link, copy.use_id, copy.backend_token)
+    base = Event(copy._engine, copy.use_id, copy.backend_token)
     assert vars(base).keys() <= vars(copy).keys()
     assert {k: v for k, v in vars(copy).items() if k in vars(base)} == {**vars(base), "_done": copy._done}
     assert set(vars(copy)) - set(vars(base)) == {"src", "dst"}

@@ -12,7 +12,7 @@ from support import U8, put
 from devbridge import Bridge, DeviceRange, HostRing, WaitTimeoutError
 from devbridge.backends.fake import FakeBackend
 from devbridge.bridge import bridge as bridge_module
-from devbridge.bridge import engine, events, introspection, waiting
+from devbridge.bridge import engine, events
 
 
 class FrozenClock:
@@ -31,7 +31,7 @@ class FrozenClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
     frozen = FrozenClock()
-    for module in (bridge_module, engine, events, introspection, waiting):  # each that reads the clock
+    for module in (bridge_module, engine, events):  # each that reads the clock
         monkeypatch.setattr(module, "time", frozen)
     return frozen
 

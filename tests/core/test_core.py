@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -16,12 +15,13 @@ from devbridge import (
     InvalidHandleError,
     LifecycleError,
     ObjectSpec,
+    OutputCopyError,
     StaleHandleError,
     TensorViewSpec,
 )
 from devbridge.backends.fake import FakeBackend
 from devbridge.statemachine import LifecycleCore
-from devbridge.statemachine.core import USE_EVENTS, InvariantViolation
+from devbridge.statemachine.core import USE_EVENTS, HostDone, InvariantViolation, Release, Settle, Submit
 from devbridge.statemachine.status import Status
 
 
@@ -257,29 +257,52 @@ def test_closure_follows_a_chain_of_uses_to_its_oldest() -> None:
     assert [u.id for u in core.closure([uses[2]])] == [u.id for u in uses[:3]]
 
 
-class Recorder:
-    """A core executor that records what the orchestration asks of it."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[int, str | None]] = []
-
-    def query(self, use: object) -> Status:
-        return Status(True)
-
-    def launch(self, use: object) -> None:
-        return None
-
-    def ended(self, use: Any, effects: object, status: Status) -> None:
-        self.log.append((use.id, status.error))
-
-
-def test_settle_ends_a_use_once_and_refuses_a_second_end_without_a_call() -> None:
-    core, run = LifecycleCore(), Recorder()
+def test_finish_ends_a_use_once_and_says_what_to_do_as_values() -> None:
+    """`finish` returns the end's effects in order (the host bytes, then the event); a second
+    finish of the same use returns nothing and changes nothing."""
+    core = LifecycleCore()
     record = core.add(8, None, None)
-    use = core.begin("copy_in", [(record.id, record.generation)], span=(0, 4))
-    assert core.settle(use, Status(True), run) is True
-    assert core.settle(use, Status(True, "again"), run) is False  # ended already: nothing happens
-    assert run.log == [(use.id, None)] and core.ended(use) and core.state(record.id, 0) == "idle"
+    use = core.begin("copy_in", [(record.id, record.generation)], host="R", span=(0, 4))
+    effects = core.finish(use, Status(True))
+    assert effects == [HostDone(use, True), Settle(use, None)]
+    before = core.snapshot()
+    assert core.finish(use, Status(True, "again")) == []  # ended already: nothing happens
+    assert core.snapshot() == before and core.ended(use) and core.state(record.id, 0) == "idle"
+
+
+def test_finish_of_a_failed_use_names_its_rule_and_keeps_its_host_bytes() -> None:
+    core = LifecycleCore()
+    record = core.add(8, None, None)
+    use = core.begin("copy_out", [(record.id, 0)], host="R", span=(0, 4))
+    host, settled = core.finish(use, Status(True, "device lost"))
+    assert host == HostDone(use, False) and isinstance(settled, Settle)
+    assert isinstance(settled.error, OutputCopyError) and settled.error.rule == "COPY-F"
+    assert "device lost" in str(settled.error) and not settled.aborted and not settled.broken
+
+
+def test_finish_launches_the_held_uses_it_made_ready_and_aborts_the_stale_ones() -> None:
+    """A use's end makes its followers ready: a current one is to be submitted (after the end's
+    own effects); one a restart made stale never reaches the device and ends at once, aborted
+    (GEN-1), with its own followers after it."""
+    core = LifecycleCore()
+    a = core.add(8, None, None)
+    first = core.begin("copy_in", [(a.id, 0)], host="A", span=(0, 4))
+    core.submitted(first, object())
+    held = core.begin("copy_out", [(a.id, 0)], host="B", span=(0, 4), before=[first])
+    assert core.finish(first, Status(True)) == [HostDone(first, True), Settle(first, None), Submit(held)]
+    core2 = LifecycleCore()
+    b = core2.add(8, None, None)
+    up = core2.begin("copy_in", [(b.id, 0)], host="A", span=(0, 4))
+    core2.submitted(up, object())
+    down = core2.begin("copy_out", [(b.id, 0)], host="B", span=(0, 4), before=[up])
+    core2.restart()
+    effects = core2.finish(up, Status(True))
+    assert [type(e) for e in effects] == [HostDone, Settle, HostDone, Release, Settle]
+    assert effects[0] == HostDone(up, False) and effects[2] == HostDone(down, False)  # aborted: kept, not valid
+    aborted = effects[4]
+    assert isinstance(aborted, Settle) and aborted.use is down and aborted.aborted
+    assert isinstance(aborted.error, StaleHandleError) and aborted.error.rule == "GEN-1"
+    assert effects[3] == Release(b, down)  # the last use of b ended: b is freed before its event settles
 
 
 def test_a_free_or_restart_told_no_time_counts_its_wait_from_zero() -> None:

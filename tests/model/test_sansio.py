@@ -18,12 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mutants import MUTANTS, VALUES_KILLS
 
+from devbridge.bridge.engine import Engine
 from devbridge.cli.main import main
 from devbridge.errors import RangeError, RingFullError
 from devbridge.models import sansio
 from devbridge.models.checker import PROFILES, Bound
-from devbridge.ring.host import HostRange, HostRing
+from devbridge.ring.host import HostRange, HostRing, made_range
 from devbridge.statemachine.core import LifecycleCore
+from devbridge.statemachine.runner import Runner
 
 DEFAULT = PROFILES["default"]
 IN_SCOPE = sorted(name for name, kill in VALUES_KILLS.items() if kill is not None)
@@ -83,13 +85,19 @@ def test_a_seeded_bug_in_the_core_or_the_ring_is_found_by_the_check_it_breaks(na
     print(f"\n{name}: {sansio.describe(violation.path)}\n  {violation.error[:120]}")
 
 
+PROCEDURE = ("execute", "launch", "settle_if_done", "end", "refresh", "drain", "poll", "reported")
+DECISIONS = ("finish", "plan", "refresh_order", "polled", "reports", "views_ended", "queryable")
+
+
 def test_the_checker_runs_the_cores_orchestration() -> None:
-    """`Step` is the core's executor, as the Bridge's `_Execution` is: the checker's completions
-    go through the core's own `settle`, `launch_ready`, `poll` and `drain` (each seen here being
-    called), not through a second statement of them in the checker."""
+    """`Step` is the core's `Runner` over the model device, as the Bridge's engine is over a
+    backend: both run the runner's one procedure (neither restates any of it), and the checker's
+    completions go through the core's own decisions (each seen here being called)."""
+    for name in PROCEDURE:
+        assert getattr(sansio.Step, name) is getattr(Runner, name) is getattr(Engine, name), name
     seen: set[str] = set()
     stack = contextlib.ExitStack()
-    for name in ("settle", "launch_ready", "poll", "drain", "plan", "reported"):
+    for name in DECISIONS:
         original = getattr(LifecycleCore, name)
 
         def spy(self: LifecycleCore, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
@@ -102,7 +110,7 @@ def test_the_checker_runs_the_cores_orchestration() -> None:
     finally:
         stack.close()
     assert report.violation is None
-    assert seen == {"settle", "launch_ready", "poll", "drain", "plan", "reported"}
+    assert seen == set(DECISIONS)
 
 
 @pytest.mark.parametrize("name", OUT_OF_SCOPE)
@@ -154,7 +162,7 @@ def unreleased_bytes_overwritten() -> Any:
         except RingFullError:
             head, starts, ends, *rest = self.state()
             self.restore((head + nbytes, (*starts, head), (*ends, head + nbytes), *rest))
-            return HostRange._made(self, head, nbytes)
+            return made_range(self, head, nbytes)
 
     return mock.patch.object(HostRing, "reserve", reserve)
 
@@ -287,7 +295,7 @@ def test_a_ring_restored_from_its_state_answers_as_the_original() -> None:
     other.restore(state)
     assert other.state() == state and other.cursor == ring.cursor == 0 and other.head == 12
     for r in (ring, other):
-        first = HostRange._made(r, 0, 8)  # r1's bytes, as a range of this ring
+        first = made_range(r, 0, 8)  # r1's bytes, as a range of this ring
         with pytest.raises(RangeError) as refused:
             r.release(first)
         assert refused.value.rule == "H2D-3"

@@ -13,6 +13,7 @@ from test_shared_ring import ring_of, shared  # noqa: F401  (fixtures)
 
 from devbridge import HostRange, HostRing
 from devbridge.ring import shared as shared_ring
+from devbridge.ring.host import record_range
 from devbridge.ring.shared import SharedRing
 
 
@@ -147,7 +148,7 @@ def test_an_input_not_whole_and_taken_is_refused_and_nothing_changes(rings: tupl
     o = output(outputs, b"out")
     before = (inputs.snapshot(), outputs.snapshot())
     with refused("RING-7"):
-        outputs.commit(o, finishes=HostRange._record(inputs, _part_of(inputs, r0)))
+        outputs.commit(o, finishes=record_range(inputs, _part_of(inputs, r0)))
     inputs.release(r0.sub(0, 1))  # uploaded with release=True: its first byte went
     before = (inputs.snapshot(), outputs.snapshot())
     with refused("RING-7"):
