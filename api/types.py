@@ -152,32 +152,16 @@ class DeviceHandle:
     seal: int = field(default=0, repr=False, compare=False)
 
 
-def issued_handle(id: int, generation: int, extent: int, spec: ObjectSpec, owner: int, seal: int) -> DeviceHandle:
-    """The handle a Bridge issues, filled slot by slot (a frozen dataclass's own `__init__`
-    costs a microsecond more: alloc_device's per-call path)."""
-    handle = object.__new__(DeviceHandle)
-    set_id, set_generation, set_extent, set_spec, set_owner, set_seal = _HANDLE_SLOTS
-    set_id(handle, id)
-    set_generation(handle, generation)
-    set_extent(handle, extent)
-    set_spec(handle, spec)
-    set_owner(handle, owner)
-    set_seal(handle, seal)
-    return handle
-
-
 def slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
     """The setters of a slotted class's fields, which fill a frozen instance without its
     `__setattr__` (the fastest way to build one whose fields are known valid)."""
     return tuple(vars(cls)[name].__set__ for name in names)
 
 
-_HANDLE_SLOTS = slot_setters(DeviceHandle, "id", "generation", "extent", "spec", "owner", "seal")
-
-
 def range_fields(what: str, offset: object, nbytes: object) -> tuple[int, int]:
     """Offset and size as ints: offset >= 0, size > 0 (RANGE-1)."""
-    o, n = as_count(offset), as_count(nbytes)
+    o = offset if type(offset) is int else as_count(offset)
+    n = nbytes if type(nbytes) is int else as_count(nbytes)
     if o is None or n is None:
         raise RangeError("RANGE-1", f"{what} offset and size must be ints, got {short(offset)}, {short(nbytes)}")
     if o < 0 or n <= 0:
@@ -200,7 +184,7 @@ class DeviceRange:
         offset, nbytes = range_fields("device range", self.offset, self.nbytes)
         object.__setattr__(self, "offset", offset)
         object.__setattr__(self, "nbytes", nbytes)
-        extent = as_count(self.handle.extent)
+        extent = self.handle.extent if type(self.handle.extent) is int else as_count(self.handle.extent)
         if extent is None:
             raise InvalidHandleError("HANDLE-1", f"{short(self.handle)} has no integer extent")
         if offset + nbytes > extent:

@@ -168,7 +168,8 @@ class TinygradBackend:
 
             self._queue = CLQueue(self.device)
         self.direct_copies = 0  # synchronous copies made at once on an idle CPU device
-        self._host_views: weakref.WeakKeyDictionary[tg.Buffer, memoryview] = weakref.WeakKeyDictionary()
+        #: id(Buffer) -> its memory as bytes, while the Buffer lives (a plain dict: read per copy)
+        self._host_views: dict[int, memoryview] = {}
 
     # ------------------------------------------------------------ Backend protocol
 
@@ -183,17 +184,21 @@ class TinygradBackend:
                 return pooled.pop()
         self._reap()
         try:
-            return tg.allocate(self.device, nbytes)
+            buf = tg.allocate(self.device, nbytes)
         except Exception as e:  # tinygrad raises RuntimeError, MemoryError or OSError here
             if not self.trim():
                 raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
-        try:  # once more, with the kept Buffers given back to tinygrad
-            return tg.allocate(self.device, nbytes)
-        except Exception as e:
-            raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
+            try:  # once more, with the kept Buffers given back to tinygrad
+                buf = tg.allocate(self.device, nbytes)
+            except Exception as e:
+                raise BackendError(f"{self.device}: cannot allocate {nbytes} B: {e}") from e
+        if self._idle is not None and nbytes <= VIEW_COPY_MAX_BYTES:
+            self._device_bytes(buf)  # made with the Buffer: its first direct copy costs what the next do
+        return buf
 
     def free(self, buffer: object) -> None:
-        buf = self._buffer(buffer)
+        buf = buffer
+        assert isinstance(buf, tg.Buffer), buf
         if self._idle is not None and self._idle():
             self._keep(buf)  # nothing queued can still use it: kept or dropped now
             return
@@ -209,13 +214,14 @@ class TinygradBackend:
         self._reap()
 
     def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
-        buf = self._buffer(buffer)
+        buf = buffer
+        assert isinstance(buf, tg.Buffer), buf
         if self._queue is not None:
             queue = self._queue
             return self._command(
                 "copy_in", sync, lambda: queue.copy(src, buf._buf, offset, into_device=True, blocking=sync)
             )
-        if self._at_once(sync, len(src)) and self._direct(buf, offset, src, into_device=True):
+        if (sync or self._at_once(len(src))) and self._direct(buf, offset, src, into_device=True):
             return _DONE_IN
         memory = None if sync else tg.host_bytes(buf)
         if memory is not None:
@@ -228,13 +234,14 @@ class TinygradBackend:
         return _DONE_IN if sync else TinygradToken("copy_in", probe=self._marker(), gate=self._gate)
 
     def copy_out(self, dst: memoryview, buffer: object, offset: int, *, sync: bool) -> object:
-        buf = self._buffer(buffer)
+        buf = buffer
+        assert isinstance(buf, tg.Buffer), buf
         if self._queue is not None:
             queue = self._queue
             return self._command(
                 "copy_out", sync, lambda: queue.copy(dst, buf._buf, offset, into_device=False, blocking=sync)
             )
-        if self._at_once(sync, len(dst)) and self._direct(buf, offset, dst, into_device=False):
+        if (sync or self._at_once(len(dst))) and self._direct(buf, offset, dst, into_device=False):
             return _DONE_OUT
         memory = None if sync else tg.host_bytes(buf)
         if memory is not None:
@@ -260,7 +267,8 @@ class TinygradBackend:
             token.probe = self._marker()
 
     def view(self, buffer: object, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
-        buf = self._buffer(buffer)
+        buf = buffer
+        assert isinstance(buf, tg.Buffer), buf
         self._viewed.add(id(buf))  # never kept for reuse once freed
         try:
             return tg.tensor_view(buf, offset, shape, dtype)
@@ -407,11 +415,6 @@ class TinygradBackend:
         assert token.command is not None
         token.command.on_done(lambda: self._notify(token))
 
-    @staticmethod
-    def _buffer(buffer: object) -> tg.Buffer:
-        assert isinstance(buffer, tg.Buffer), buffer
-        return buffer
-
     def _move(self, memory: memoryview, offset: int, host: memoryview, *, into_device: bool) -> None:
         """A copy on the copy thread: `len(host)` bytes between the device memory at `offset` and
         `host`, by memmove (which releases the GIL)."""
@@ -429,10 +432,10 @@ class TinygradBackend:
         future.add_done_callback(lambda _: self._notify(token))
         return token
 
-    def _at_once(self, sync: bool, nbytes: int) -> bool:
-        """Whether to try the copy now: synchronous, or small and asynchronous while copies are
-        not held (hold_copies keeps asynchronous events pending)."""
-        return sync or (nbytes <= INLINE_MAX_BYTES and self._gate.is_set())
+    def _at_once(self, nbytes: int) -> bool:
+        """Whether to try an asynchronous copy now (a synchronous one always is): small, while
+        copies are not held (hold_copies keeps asynchronous events pending)."""
+        return nbytes <= INLINE_MAX_BYTES and self._gate.is_set()
 
     def _direct(self, buf: tg.Buffer, offset: int, host: memoryview, *, into_device: bool) -> bool:
         """A copy between host bytes and the device's own, where the device is host memory with no
@@ -442,7 +445,13 @@ class TinygradBackend:
         if self._idle is None or not self._idle():
             return False
         nbytes = len(host)
-        if nbytes <= VIEW_COPY_MAX_BYTES and host.format == "B" and (memory := self._device_bytes(buf)) is not None:
+        if (
+            nbytes <= VIEW_COPY_MAX_BYTES
+            and host.format == "B"
+            and (
+                (memory := self._host_views.get(id(buf))) is not None or (memory := self._device_bytes(buf)) is not None
+            )
+        ):
             if into_device:
                 memory[offset : offset + nbytes] = host
             else:
@@ -454,9 +463,9 @@ class TinygradBackend:
 
     def _device_bytes(self, buf: tg.Buffer) -> memoryview | None:
         """A CPU Buffer's memory as bytes, made on its first direct copy and kept while it lives."""
-        memory = self._host_views.get(buf)
-        if memory is None and (memory := tg.host_bytes(buf)) is not None:
-            self._host_views[buf] = memory
+        if (memory := tg.host_bytes(buf)) is not None:
+            self._host_views[id(buf)] = memory
+            weakref.finalize(buf, self._host_views.pop, id(buf), None)  # before its id can be reused
         return memory
 
     def _notify(self, token: TinygradToken) -> None:

@@ -29,12 +29,13 @@ from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import Backend, BackendError
 from devbridge.bridge import aio, transfer
 from devbridge.bridge.engine import POLL_S, Engine, holder, log
-from devbridge.bridge.events import ComputeEvent, CopyEvent, Event, copied, deadline, wait_done
+from devbridge.bridge.events import ComputeEvent, CopyEvent, Event, deadline, wait_done
 from devbridge.bridge.memory import MemoryStats
 from devbridge.bridge.stats import COUNTED, Pins, Stats
 from devbridge.bridge.trace import BridgeTrace, Trace
 from devbridge.errors import (
     BackendFailureError,
+    BridgeError,
     DeviceAllocationError,
     DeviceFreeError,
     InvalidArgumentError,
@@ -46,7 +47,7 @@ from devbridge.errors import (
     short,
 )
 from devbridge.ring.host import HostRange, HostRing
-from devbridge.statemachine.core import SUBMIT, Allocation, Composite, InFlight, LifecycleCore
+from devbridge.statemachine.core import Allocation, Composite, InFlight, LifecycleCore
 from devbridge.statemachine.status import OK, Status
 from devbridge.types import (
     MAX_EXTENT,
@@ -54,7 +55,6 @@ from devbridge.types import (
     DeviceRange,
     ObjectSpec,
     TensorViewSpec,
-    issued_handle,
 )
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ class Bridge:
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
         self._core = LifecycleCore()
+        self._records, self._steps = self._core.records, self._core.copy_steps  # (the core's own, read per call)
         self._engine = engine = Engine(backend, self._core)  # what executes the core's decisions
         # the engine's parts this bridge's calls use directly (the same objects)
         self._backend, self._lock, self._counts, self._memory = backend, engine.lock, engine.counts, engine.memory
@@ -166,7 +167,8 @@ class Bridge:
                 (no backend call).
             DeviceAllocationError: ALLOC-2, when the backend cannot allocate (nothing leaked)."""
         with self._lock:
-            self._engine.drain()
+            if self._core.unapplied or self._core.collected:  # what arrived while no call ran, first
+                self._engine.drain()
             if type(spec) is not ObjectSpec:
                 raise InvalidSpecError("SPEC-1", f"alloc_device needs an ObjectSpec, got {short(spec)}")
             size = extent if type(extent) is int else as_count(extent)
@@ -185,7 +187,7 @@ class Bridge:
             self._counts["allocs"] += 1
             self._memory.allocated(spec.role, size)
             seal = self._seal(record.id, record.generation, size, spec)
-            handle = issued_handle(record.id, record.generation, size, spec, self._owner, seal)
+            handle = DeviceHandle(record.id, record.generation, size, spec, self._owner, seal)
             record.handle = handle
             return handle
 
@@ -203,7 +205,8 @@ class Bridge:
             DeviceFreeError: FREE-3, when the backend fails to free now (reported once, never
                 retried; the handle is dead anyway)."""
         with self._lock:
-            self._engine.drain()
+            if self._core.unapplied or self._core.collected:  # what arrived while no call ran, first
+                self._engine.drain()
             key, _ = self._resolve(handle)
             record = self._core.free(*key, time.monotonic())
             if record is None:
@@ -353,7 +356,7 @@ class Bridge:
                         raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
                     use = self._core.begin("compute", keys, before=[])
                     self._counts["computes"] += 1
-                    event = ComputeEvent(self._engine, use.id, token, tuple(handles))
+                    event = ComputeEvent(self._engine, use.id, token, handles=tuple(handles))
                     self._track(use, event)
                     return event
                 blocker = plan.blocker.event
@@ -669,136 +672,120 @@ class Bridge:
         sync: bool,
         keep_host: bool,
     ) -> CopyEvent:
-        """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): submitted
-        now, held back behind the earlier uses it must follow (async, ORDER-1), or submitted once
-        they ended (sync)."""
+        """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): checked, then
+        submitted now, held back behind the earlier uses it must follow (async, ORDER-1), or
+        submitted once they ended (sync). One path for every copy: a synchronous one with nothing
+        in flight on its allocation is the same path with no plan to make."""
         into_device = kind == "copy_in"
+        core, engine = self._core, self._engine
         while True:
             with self._lock:
-                if self._core.news:
-                    self._engine.drain()
-                if sync and (plain := self._plain(kind, host, device)) is not None:
-                    record, step = plain  # what the checks below would find, found at once
-                    self._check_host(host, into_device)
-                    token = self._submit_now(kind, record.memory, device.offset, host, src, dst, True)
-                    return self._copied(kind, self._core.take(record, step), record, host, keep_host, token, src, dst)
-                key, record = self._check_copy(host, device, "H2D-1" if into_device else "D2H-1")
-                self._check_host(host, into_device)
-                span = (device.offset, device.offset + device.nbytes)
-                # (nothing in flight on the allocation: nothing to follow)
-                plan = self._core.plan(kind, [key], span, sync) if record.accesses else SUBMIT
-                if plan.blocker is None:
-                    before = plan.before  # when any, it is held back behind them (no token yet: ORDER-1)
+                if core.unapplied or core.collected:  # what arrived while no call ran, first
+                    engine.drain()
+                if type(host) is not HostRange and not isinstance(host, HostRange):
+                    raise RangeError(
+                        "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
+                    )
+                record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
+                ring = host.ring
+                if into_device:
+                    ring.check_source(host)
+                else:
+                    ring.check_dest(host)
+                before: list[InFlight] = []
+                blocker: Event | None = None
+                if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
+                    span = (device.offset, device.offset + device.nbytes)
+                    plan = core.plan(kind, [(record.id, record.generation)], span, sync)
+                    before = plan.before  # an asynchronous copy is held behind them (no token yet)
+                    if plan.blocker is not None:  # a synchronous one waits for them, then checks again
+                        blocker = plan.blocker.event
+                if blocker is None:
                     token = None
                     if not before:
-                        token = self._submit_now(kind, record.memory, device.offset, host, src, dst, sync)
-                    # a synchronous copy here follows nothing: submitted, and done on return
-                    if (status := OK if sync else self._first_status(token)) is OK:
-                        # done already: one composite step, nothing in flight (H2D-2, D2H-2)
-                        use_id = self._core.instant(kind, key)
-                        return self._copied(kind, use_id, record, host, keep_host, token, src, dst)
-                    self._count(into_device, host.nbytes)
-                    use = self._core.begin(kind, [key], host=host, keep_host=keep_host, span=span, before=before)
+                        try:
+                            token = engine.copy(kind, record.memory, device.offset, host, sync)
+                        except BackendError as e:
+                            raise self._copy_failed(kind, host, src, dst, e) from e
                     if into_device:
-                        host.ring.begin_read(host)
+                        self._copies_in += 1
+                        self._bytes_in += host.nbytes
                     else:
-                        host.ring.begin_write(host)
-                    return self._submitted(use, CopyEvent(self._engine, use.id, token, src, dst), status)
-                blocker = plan.blocker.event
-            self._engine.wait_for(blocker)
+                        self._copies_out += 1
+                        self._bytes_out += host.nbytes
+                    if sync or (status := self._first_status(token)) is OK:
+                        # done already: one composite step, nothing left in flight (H2D-2, D2H-2)
+                        if record.copies or record.computes:  # a use of it may have ended during the call
+                            step = core.copy_step(record, kind)
+                        use_id = core.take(record, step)
+                        if self._trace is not None:
+                            self._trace.instant(kind, record, host.nbytes)
+                        if into_device:
+                            ring.read_done(host, not keep_host)
+                        else:
+                            ring.write_done(host)
+                        return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
+                    span = (device.offset, device.offset + device.nbytes)
+                    use = core.begin(
+                        kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before
+                    )
+                    if into_device:
+                        ring.begin_read(host)
+                    else:
+                        ring.begin_write(host)
+                    return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
+            assert blocker is not None
+            engine.wait_for(blocker)
 
-    def _plain(self, kind: str, host: object, device: object) -> tuple[Allocation, Composite] | None:
-        """The record and step of a synchronous copy that `_copy`'s checks would let through to
-        one composite step, found without them (the per-call path): the issued handle of a live
-        allocation with nothing in flight on it, a range within its extent as long as the host
-        range, a step the core made before. None: the checks decide (and name what they refuse)."""
-        if type(host) is not HostRange or type(device) is not DeviceRange:
-            return None
+    def _device_step(self, kind: str, device: object, nbytes: int | None, rule: str) -> tuple[Allocation, Composite]:
+        """The one check of a copy's device side, and what the copy does there: the handle resolved
+        to this bridge's record (HANDLE-1: the issued object itself in one lookup, or an exact copy
+        of it), the range within the allocation's extent (RANGE-1) and as long as the host range
+        (`nbytes`, `rule`: H2D-1, D2H-1), and the composite step the table made for a copy in the
+        record's state and counts, or the rule that refuses it there (GEN-2, USE-1, ...). Changes
+        nothing."""
+        if type(device) is not DeviceRange and not isinstance(device, DeviceRange):
+            raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
         handle = device.handle
-        if type(handle) is not DeviceHandle or type(handle.id) is not int:
-            return None
-        record = self._core.allocation(handle.id)
-        if record is None or record.handle is not handle or record.accesses:
-            return None
-        offset, nbytes = device.offset, device.nbytes
-        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= record.extent - offset):
-            return None
-        if nbytes != host.nbytes or (step := self._core.plain_step(record, kind)) is None:
-            return None
+        record = self._records.get(handle.id) if type(handle) is DeviceHandle and type(handle.id) is int else None
+        if record is None or record.handle is not handle:  # an exact copy of an issued handle, or a dead one
+            key, record = self._resolve(handle)
+            extent = record.extent if record is not None else handle.extent  # sealed when dead
+        else:
+            extent = record.extent
+        offset, n = device.offset, device.nbytes
+        if not (type(offset) is int and type(n) is int and offset >= 0 and 0 < n <= extent - offset):
+            raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
+        if nbytes is not None and n != nbytes:
+            raise RangeError(rule, f"host range is {nbytes} B but device range is {n} B")
+        if record is None:  # dead: the table's refusal, as `check` finds and tells it
+            self._core.check([key], "copy_begin")
+            raise self._core.dead(*key, "copy_begin")
+        step = None if record.copies or record.computes else self._steps.get((record.state, kind, 0, 0))
+        if type(step) is not Composite:  # uses in flight, or a refusal: the core's full lookup
+            return record, self._core.copy_step(record, kind)
         return record, step
 
-    @staticmethod
-    def _check_host(host: HostRange, into_device: bool) -> None:
-        """The host side of a copy: a range an input copy may read or an output copy may write."""
-        if into_device:
-            host.ring.check_source(host)
-        else:
-            host.ring.check_dest(host)
-
-    def _submit_now(
-        self,
-        kind: str,
-        memory: object,
-        offset: int,
-        host: HostRange,
-        src: HostRange | DeviceRange,
-        dst: HostRange | DeviceRange,
-        sync: bool,
-    ) -> object:
-        """Hand a copy to the backend on the caller's call; its token. A failure raises the copy's
-        error (COPY-F), and a failed output range is never readable."""
-        try:  # (the engine's `copy`, inlined: the per-call path)
-            if kind == "copy_in":
-                return self._backend.copy_in(memory, offset, host.ring.raw(host), sync=sync)
-            return self._backend.copy_out(host.ring.raw(host), memory, offset, sync=sync)
-        except BackendError as e:
-            self._counts["copy_failures"] += 1
-            if kind == "copy_out":
-                host.ring.begin_write(host)
-                host.ring.end_write(host, valid=False)
-            call = "host_to_device" if kind == "copy_in" else "device_to_host"
-            raise self._core.failure(kind, f"{call} {src} -> {dst}: {e}") from e
-
-    def _copied(
-        self,
-        kind: str,
-        use_id: int,
-        record: Allocation,
-        host: HostRange,
-        keep_host: bool,
-        token: object,
-        src: HostRange | DeviceRange,
-        dst: HostRange | DeviceRange,
-    ) -> CopyEvent:
-        """A copy the backend finished on the call, after its step: counted, traced, its host
-        bytes released (an input's) or valid (an output's); its event, settled."""
-        into_device = kind == "copy_in"
-        self._count(into_device, host.nbytes)
-        if self._trace is not None:
-            self._trace.instant(kind, record, host.nbytes)
-        if into_device:
-            host.ring.read_done(host, not keep_host)
-        else:
-            host.ring.write_done(host)
-        return copied(self._engine, use_id, token, src, dst)
-
-    def _count(self, into_device: bool, nbytes: int) -> None:
-        """A copy the backend took (or one held back): the traffic `stats()` counts."""
-        if into_device:
-            self._copies_in += 1
-            self._bytes_in += nbytes
-        else:
-            self._copies_out += 1
-            self._bytes_out += nbytes
+    def _copy_failed(
+        self, kind: str, host: HostRange, src: HostRange | DeviceRange, dst: HostRange | DeviceRange, e: BackendError
+    ) -> BridgeError:
+        """The error of a copy the backend refused (COPY-F); a failed output range is never readable."""
+        self._counts["copy_failures"] += 1
+        if kind == "copy_out":
+            host.ring.begin_write(host)
+            host.ring.end_write(host, valid=False)
+        call = "host_to_device" if kind == "copy_in" else "device_to_host"
+        return self._core.failure(kind, f"{call} {src} -> {dst}: {e}")
 
     def _seal(self, alloc_id: int, generation: int, extent: int, spec: ObjectSpec) -> int:
-        return hash((self._secret, alloc_id, generation, extent, spec))
+        """The seal of a handle's fields under this bridge's secret (the spec by its fields)."""
+        return hash((self._secret, alloc_id, generation, extent, spec.name, spec.dtype, spec.role, spec.view))
 
     def _resolve(self, handle: object) -> tuple[tuple[int, int], Allocation | None]:
         """The core's key and live record (None once dead) of a handle this bridge issued,
         unaltered (HANDLE-1). Callers use the record, never the handle's own fields."""
         if type(handle) is DeviceHandle and type(handle.id) is int:
-            record = self._core.allocation(handle.id)
+            record = self._records.get(handle.id)
             if record is not None and record.handle is handle:  # the issued object itself
                 return (record.id, record.generation), record
             if self._genuine(handle):
@@ -816,16 +803,6 @@ class Bridge:
         except Exception:  # a spec altered past its own validation (unhashable fields)
             return False
 
-    def _check_copy(self, host: HostRange, device: DeviceRange, rule: str) -> tuple[tuple[int, int], Allocation]:
-        if not isinstance(host, HostRange) or not isinstance(device, DeviceRange):
-            raise RangeError(
-                "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
-            )
-        key, record = self._fitting(device)
-        if host.nbytes != device.nbytes:
-            raise RangeError(rule, f"host range is {host.nbytes} B but device range is {device.nbytes} B")
-        return key, self._copyable(key, record)
-
     def check_device_range(self, device: DeviceRange) -> None:
         """Whether a copy of `device` would pass the device side of a copy's checks now: a
         range of a live allocation of this bridge, within its extent. Changes nothing.
@@ -834,26 +811,8 @@ class Bridge:
             RangeError: RANGE-1, for what is not a DeviceRange that fits its allocation.
             InvalidHandleError: HANDLE-1 (not this bridge's handle), USE-1 (freed).
             StaleHandleError: GEN-2, for a handle of an older generation."""
-        if not isinstance(device, DeviceRange):
-            raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
         with self._lock:
-            self._copyable(*self._fitting(device))
-
-    def _fitting(self, device: DeviceRange) -> tuple[tuple[int, int], Allocation | None]:
-        """The key and record of `device`'s allocation, the range within its extent (RANGE-1)."""
-        key, record = self._resolve(device.handle)
-        extent = record.extent if record is not None else device.handle.extent  # sealed when dead
-        offset, nbytes = device.offset, device.nbytes
-        if not (type(offset) is int and type(nbytes) is int and offset >= 0 and 0 < nbytes <= extent - offset):
-            raise RangeError("RANGE-1", f"device range {short(device)} does not fit extent {extent}")
-        return key, record
-
-    def _copyable(self, key: tuple[int, int], record: Allocation | None) -> Allocation:
-        """The record, once the core says a copy may begin on it (GEN-2, USE-1)."""
-        self._core.check([key], "copy_begin")
-        if record is None:  # the check refuses a dead allocation; should it not, still no crash
-            raise self._core.dead(*key, "copy_begin")
-        return record
+            self._device_step("copy_in", device, None, "RANGE-1")
 
     def _first_status(self, token: object) -> Status | None:
         """An asynchronous copy's status on submission: the backend's answer to one query (done

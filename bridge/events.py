@@ -8,6 +8,7 @@ import asyncio
 import math
 import time
 from collections.abc import Generator
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -36,16 +37,17 @@ class Issuer(Protocol):
         """An asyncio future of the running loop that ends as `event` does."""
 
 
+@dataclass(eq=False, repr=False)
 class Event:
     """A use in flight on the backend. Done once the backend finished it and the Bridge
-    applied its effects (released host bytes, made output valid, ran deferred frees)."""
+    applied its effects (released host bytes, made output valid, ran deferred frees).
+    Its bridge makes it (a dataclass: each kind's fields set in one generated call)."""
 
-    def __init__(self, engine: Issuer, use_id: int, backend_token: object) -> None:
-        self._engine = engine
-        self.use_id = use_id
-        self.backend_token = backend_token
-        self._done = False
-        self._error: BridgeError | None = None
+    _engine: Issuer
+    use_id: int
+    backend_token: object
+    _done: bool = False  # (True: a copy done before its event was made, a synchronous one)
+    _error: BridgeError | None = field(default=None, init=False)
 
     def _settle(self, error: BridgeError | None) -> None:
         """Done, its effects applied (by its bridge's engine only); `error`: its failure."""
@@ -82,15 +84,6 @@ class Event:
             raise self._error
 
 
-def copied(
-    engine: Issuer, use_id: int, backend_token: object, src: HostRange | DeviceRange, dst: HostRange | DeviceRange
-) -> CopyEvent:
-    """The event of a copy done before its event was made (a synchronous one): settled."""
-    event = CopyEvent(engine, use_id, backend_token, src, dst)
-    event._done = True
-    return event
-
-
 def issued_by(event: object, engine: Issuer) -> bool:
     """Whether `event` is an event of the bridge whose engine is `engine`."""
     return isinstance(event, Event) and event._engine is engine
@@ -122,30 +115,18 @@ def deadline(timeout: object) -> float | None:
     return None if math.isinf(seconds) else time.monotonic() + seconds
 
 
+@dataclass(eq=False, repr=False)
 class CopyEvent(Event):
     """A host_to_device or device_to_host copy. `src` and `dst` are exactly the requested ranges."""
 
-    def __init__(
-        self,
-        engine: Issuer,
-        use_id: int,
-        backend_token: object,
-        src: HostRange | DeviceRange,
-        dst: HostRange | DeviceRange,
-    ) -> None:
-        # (Event's fields set here, not by super().__init__: a copy's event is made on the per-call path)
-        self._engine = engine
-        self.use_id = use_id
-        self.backend_token = backend_token
-        self._done = False
-        self._error: BridgeError | None = None
-        self.src = src
-        self.dst = dst
+    src: HostRange | DeviceRange = field(kw_only=True)
+    dst: HostRange | DeviceRange = field(kw_only=True)
 
     def __repr__(self) -> str:
         return f"CopyEvent(#{self.use_id}, {self.src!r} -> {self.dst!r})"
 
 
+@dataclass(eq=False, repr=False)
 class ComputeEvent(Event):
     """Compute on `handles`: they are in use by compute from the call until the event is done.
 
@@ -153,10 +134,8 @@ class ComputeEvent(Event):
     enqueues is covered) and cannot complete before the block exits.
     """
 
-    def __init__(self, engine: Issuer, use_id: int, backend_token: object, handles: tuple[DeviceHandle, ...]) -> None:
-        super().__init__(engine, use_id, backend_token)
-        self.handles = handles
-        self.open = False
+    handles: tuple[DeviceHandle, ...] = field(kw_only=True)
+    open: bool = field(default=False, init=False)
 
     def __enter__(self) -> ComputeEvent:
         """Open the block: the tinygrad work it queues is what the compute covers, so the

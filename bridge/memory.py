@@ -54,16 +54,6 @@ class _Tally:
         self.bytes_now = self.bytes_peak = self.bytes_in = 0
         self.count_now = self.count_peak = self.count_in = 0
 
-    def add(self, nbytes: int) -> None:
-        self.bytes_now = now = self.bytes_now + nbytes
-        self.bytes_in += nbytes
-        self.count_now = count = self.count_now + 1
-        self.count_in += 1
-        if now > self.bytes_peak:
-            self.bytes_peak = now
-        if count > self.count_peak:
-            self.count_peak = count
-
     def counts(self) -> MemoryCounts:
         return MemoryCounts(
             self.bytes_now, self.bytes_peak, self.bytes_in, self.bytes_in - self.bytes_now,
@@ -86,7 +76,14 @@ class MemoryBook:
         """The backend allocated `nbytes` for an object of `role`."""
         if (tally := self._roles.get(role)) is None:
             tally = self._roles[role] = _Tally()
-        tally.add(nbytes)
+        tally.bytes_now = held = tally.bytes_now + nbytes
+        tally.bytes_in += nbytes
+        tally.count_now = count = tally.count_now + 1
+        tally.count_in += 1
+        if held > tally.bytes_peak:
+            tally.bytes_peak = held
+        if count > tally.count_peak:
+            tally.count_peak = count
         self._bytes_now = now = self._bytes_now + nbytes
         self._count_now = count = self._count_now + 1
         if now > self._bytes_peak:

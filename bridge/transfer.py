@@ -66,12 +66,13 @@ def upload(
 ) -> CopyEvent:
     """`Bridge.upload`: see there."""
     source = byte_view(array)
-    flag("sync", sync)
+    if type(sync) is not bool:
+        flag("sync", sync)
     dst = DeviceRange(handle, offset, source.nbytes)
     bridge.check_device_range(dst)
     src = _reserve(staging, ring, source.nbytes, sync)
     try:
-        src.ring.write(src, source)
+        src.ring.raw(src)[:] = source  # (bytes it reserved now: live, and no copy reads them yet)
         return bridge.host_to_device(src, dst, sync=sync)
     except BaseException:
         _release_if_unreleased(src)

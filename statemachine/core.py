@@ -187,21 +187,16 @@ class LifecycleCore(Ledger):
     def reported(self, token: object) -> None:
         """The backend finished `token` while a call held the Bridge's lock (on any thread): the
         next call applies it (`reports`)."""
-        self._reported.append(token)
+        self.unapplied.append(token)
 
     def view_gone(self, use_id: int) -> None:
         """A view's anchor was collected (on any thread): the next call ends its use (`views_ended`)."""
-        self._views_gone.append(use_id)
-
-    @property
-    def news(self) -> bool:
-        """Whether anything arrived while no call ran (a reported token, a collected view)."""
-        return bool(self._reported or self._views_gone)
+        self.collected.append(use_id)
 
     def views_ended(self) -> Iterator[InFlight]:
         """The uses of the views collected since the last call, each still in flight (to `finish`
         with OK), taken from the queue one at a time."""
-        views = self._views_gone
+        views = self.collected
         while views:
             if (use := self._inflight.get(views.popleft())) is not None:
                 yield use
@@ -209,7 +204,7 @@ class LifecycleCore(Ledger):
     def reports(self) -> Iterator[InFlight]:
         """The submitted uses whose tokens the backend reported while a call ran, each still in
         flight (to refresh), taken from the queue one at a time."""
-        reported = self._reported
+        reported = self.unapplied
         while reported:
             if (use := self.submitted_use(reported.popleft())) is not None:
                 yield use

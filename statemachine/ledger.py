@@ -11,6 +11,7 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -50,23 +51,25 @@ class Ledger:
         self._hazards = lookups.hazards
         self._accesses = lookups.accesses
         self._failures = lookups.failures
-        #: (state, kind, level(copies), level(computes)) -> a use's begin and end: the two compiled
-        #: steps (what an observer sees) and the state they lead to (`_compose` makes each)
-        self._instant: dict[tuple[str, str, int, int], Composite] = {}
+        #: (state, kind, level(copies), level(computes)) -> what a copy meets there, made with the
+        #: table for every count the state admits: the composite step of its begin and end (it
+        #: may begin: `take` takes it once the backend finished the copy), or the rule that
+        #: refuses it. A copy's checks and its per-call path are this one lookup (`copy_step`).
+        self.copy_steps: dict[tuple[str, str, int, int], Composite | str] = {}
         #: (state, no copies, no computes, no uses) -> whether the spec's `where` admits it (`_admits`)
         self._admitted: dict[tuple[str, bool, bool, bool], bool] = {}
         self.generation = 0
-        self._allocations: dict[int, Allocation] = {}
+        self.records: dict[int, Allocation] = {}  # the live allocations by id
         self._inflight: dict[int, InFlight] = {}
         self._by_token: dict[int, InFlight] = {}  # id(token) -> the submitted use it belongs to
         #: PIN-1's clock: allocation id -> when its release was deferred (a free or a restart
         #: waiting for uses to end), and the ones already reported as waiting too long
         self._waiting: dict[int, float] = {}
         self._warned: set[int] = set()
-        #: tokens the backend reported finished and collected views' use ids, appended on any
-        #: thread (deque appends are atomic) and applied by the next `drain`
-        self._reported: deque[object] = deque()
-        self._views_gone: deque[int] = deque()
+        #: tokens the backend reported finished while a call held the lock, and collected views'
+        #: use ids: appended on any thread (deque appends are atomic), applied by the next call
+        self.unapplied: deque[object] = deque()
+        self.collected: deque[int] = deque()
         self._next_allocation = 0
         self._next_use = 0
         #: Called with (state, event, step) for every decision; coverage tools set it.
@@ -75,15 +78,16 @@ class Ledger:
         self.tracer: Tracer | None = None
         #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
         self.edge_observer: Callable[[str, str, str], None] | None = None
-        # every copy a call can meet with no copy in flight (in a state that admits those counts,
-        # and allowed there), made now: the first copy on an allocation takes the same path as
-        # the next ones (`plain_step`)
-        for state, kind, computes in itertools.product(self._spec.states, ("copy_in", "copy_out"), range(LEVELS)):
-            if (
-                self._admits(state, 0, computes)
-                and self._table.lookup(state, USE_EVENTS[kind][0], 0, computes).rule is None
-            ):
-                self._compose(state, kind, 0, computes)
+        for state, kind, copies, computes in itertools.product(
+            self._spec.states, ("copy_in", "copy_out"), range(LEVELS), range(LEVELS)
+        ):
+            if self._admits(state, copies, computes):
+                rule = self._table.lookup(state, USE_EVENTS[kind][0], copies, computes).rule
+                # (a spec that breaks its counts there makes none: a copy that meets it is refused then)
+                with contextlib.suppress(InvariantViolation):
+                    self.copy_steps[(state, kind, copies, computes)] = (
+                        rule if rule is not None else self._compose(state, kind, copies, computes)
+                    )
 
     # ------------------------------------------------------------ queries
 
@@ -98,16 +102,16 @@ class Ledger:
     def state(self, alloc_id: int, generation: int) -> str:
         """The allocation's state; a dropped record is `freed` in its own generation, else `stale`."""
         self._known(alloc_id)
-        record = self._allocations.get(alloc_id)
+        record = self.records.get(alloc_id)
         if record is not None:
             return record.state
         return "freed" if generation == self.generation else "stale"
 
     def allocation(self, alloc_id: int) -> Allocation | None:
-        return self._allocations.get(alloc_id)
+        return self.records.get(alloc_id)
 
     def allocations(self) -> Iterable[Allocation]:
-        return self._allocations.values()
+        return self.records.values()
 
     def inflight(self) -> Iterable[InFlight]:
         return self._inflight.values()
@@ -135,7 +139,7 @@ class Ledger:
         for alloc_id, since in self._waiting.items():
             if alloc_id not in self._warned and now - since >= limit:
                 self._warned.add(alloc_id)
-                record = self._allocations[alloc_id]  # a waiting allocation is live: released, it leaves
+                record = self.records[alloc_id]  # a waiting allocation is live: released, it leaves
                 return record, now - since
         return None
 
@@ -150,7 +154,7 @@ class Ledger:
         allocation must follow (ORDER-1), oldest first. Changes nothing."""
         found: dict[int, InFlight] | None = None
         for alloc_id, _ in handles:
-            record = self._allocations.get(alloc_id)
+            record = self.records.get(alloc_id)
             if record is None or not record.accesses:  # the hot path: nothing in flight touches it
                 continue
             for use in record.accesses:
@@ -166,17 +170,20 @@ class Ledger:
     def check(self, handles: Iterable[tuple[int, int]], event: str) -> None:
         """Raise the rule's error if `event` is rejected for any handle. Changes nothing."""
         for alloc_id, generation in handles:
-            record = self._allocations.get(alloc_id)
+            record = self.records.get(alloc_id)
             copies, computes = (record.copies, record.computes) if record else (0, 0)
             state = self.state(alloc_id, generation)
             step = self._table.lookup(state, event, copies, computes)
             if self.observer is not None:
                 self.observer(state, event, step)
             if step.rule is not None:
-                raise self._errors[step.rule](
-                    step.rule,
-                    f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}",
-                )
+                raise self.refusal(step.rule, alloc_id, generation, state, event)
+
+    def refusal(self, rule: str, alloc_id: int, generation: int, state: str, event: str) -> BridgeError:
+        """The error of `rule`, refusing `event` on an allocation in `state`."""
+        return self._errors[rule](
+            rule, f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}"
+        )
 
     def dead(self, alloc_id: int, generation: int, event: str) -> BridgeError:
         """The refusal of `event` on an allocation whose record is gone (freed or stale), read
@@ -184,9 +191,7 @@ class Ledger:
         state = self.state(alloc_id, generation)
         rule = self._table.lookup(state, event, 0, 0).rule
         assert rule is not None, f"the spec refuses {event} in {state}"  # validated: terminal states refuse uses
-        return self._errors[rule](
-            rule, f"{event} rejected: allocation #{alloc_id} (generation {generation}) is {state}"
-        )
+        return self.refusal(rule, alloc_id, generation, state, event)
 
     def failure(self, when: str, detail: str) -> BridgeError:
         """The error a use that did not succeed reports (`when`: its kind, or "aborted"), with
@@ -196,7 +201,7 @@ class Ledger:
 
     def add(self, extent: int, spec: Any, memory: object) -> Allocation:
         record = Allocation(self._next_allocation, self.generation, extent, spec, memory, self._spec.initial)
-        self._allocations[record.id] = record
+        self.records[record.id] = record
         self._next_allocation += 1
         if self.tracer is not None:
             self.tracer.state(record, "alloc", record.state)
@@ -232,7 +237,7 @@ class Ledger:
         if kind in self._accesses:
             for alloc_id in use.allocations:
                 # a dead record here means a check was bypassed (a bug): no bytes to order, no crash
-                if (record := self._allocations.get(alloc_id)) is None:
+                if (record := self.records.get(alloc_id)) is None:
                     continue
                 if record.accesses is None:
                     record.accesses = []
@@ -250,23 +255,28 @@ class Ledger:
         if self.tracer is not None:
             self.tracer.submitted(use)
 
+    def copy_step(self, record: Allocation, kind: str) -> Composite:
+        """The composite step a copy of `kind` on the live `record` takes if it begins and ends at
+        once, from its state and counts now (made with the table); the rule's error when the
+        table refuses the copy there."""
+        state, copies, computes = record.state, level(record.copies), level(record.computes)
+        step = self.copy_steps.get((state, kind, copies, computes))
+        if step is None:  # none made: the spec breaks its counts there (INV-COUNTS, raised now)
+            return self._compose(state, kind, copies, computes)
+        if type(step) is str:  # the table's refusal, as `check` finds and tells it
+            self.check([(record.id, record.generation)], USE_EVENTS[kind][0])
+            raise self.refusal(step, record.id, record.generation, state, USE_EVENTS[kind][0])
+        assert isinstance(step, Composite)
+        return step
+
     def instant(self, kind: str, key: tuple[int, int]) -> int:
         """A use the backend finished before it was recorded (a synchronous copy that follows
-        nothing): its begin and its end as one step of a composite table built from the spec's
-        (the caller checked the begin). Its use id. No effects: nothing is released."""
-        record = self._allocations.get(key[0])
+        nothing): its begin and its end as one composite step (`copy_step`, then `take`). Its use
+        id. No effects: nothing is released."""
+        record = self.records.get(key[0])
         if record is None:  # dead: the caller's check let it through by mistake
             raise self.dead(key[0], key[1], USE_EVENTS[kind][0])
-        c, k = level(record.copies), level(record.computes)
-        step = self._instant.get((record.state, kind, c, k)) or self._compose(record.state, kind, c, k)
-        if self.observer is not None:  # coverage tools see both spec steps
-            self.observer(record.state, step.begin, step.first)
-            self.observer(step.middle, step.end, step.then)
-        use_id = self.take(record, step)
-        if self.tracer is not None:
-            self.tracer.state(record, step.begin, step.middle)  # both of the composite's steps
-            self.tracer.state(record, step.end, step.dest)
-        return use_id
+        return self.take(record, self.copy_step(record, kind))
 
     def _admits(self, state: str, copies: int, computes: int) -> bool:
         """The spec's `admits` (its `where` tells zero from not, of copies, computes and their
@@ -276,20 +286,17 @@ class Ledger:
             admitted = self._admitted[case] = self._spec.states[state].admits(copies, computes)
         return admitted
 
-    def plain_step(self, record: Allocation, kind: str) -> Composite | None:
-        """The step a use of `kind` on the live `record` that begins and ends at once would take,
-        found in one lookup when `instant` made it before from this state: its begin passed the
-        table's check then, and passes it now (the per-call path). None: the caller asks `check`
-        and `instant` (a step not made yet, a refusal, or an observer or tracer to tell)."""
-        if self.observer is not None or self.tracer is not None:
-            return None
-        if not (record.copies or record.computes):  # nothing in flight on it: the per-call path's case
-            return self._instant.get((record.state, kind, 0, 0))
-        return self._instant.get((record.state, kind, level(record.copies), level(record.computes)))
-
     def take(self, record: Allocation, step: Composite) -> int:
-        """Take the step `plain_step` found, once the backend finished the use. Its use id."""
+        """Take a copy's composite step (`copy_step`, or `copy_steps` looked up), once the backend
+        finished the copy: both its spec steps, told to an observer and a tracer as two. Its use
+        id."""
+        if self.observer is not None:  # coverage tools see both spec steps
+            self.observer(record.state, step.begin, step.first)
+            self.observer(step.middle, step.end, step.then)
         record.state = step.dest
+        if self.tracer is not None:  # a timeline draws both
+            self.tracer.state(record, step.begin, step.middle)
+            self.tracer.state(record, step.end, step.dest)
         self._next_use += 1
         return self._next_use - 1
 
@@ -310,9 +317,7 @@ class Ledger:
                 f"a {kind} from {state} would leave it {then.dest} with {copies} copies and "
                 f"{computes} computes in flight",
             )
-        step = Composite(begin, first, first.dest, end, then, then.dest)
-        self._instant[(state, kind, copies, computes)] = step
-        return step
+        return Composite(begin, first, first.dest, end, then, then.dest)
 
     def end(self, use_id: int, ok: bool) -> Effects:
         """The backend is done with a use (successfully or not)."""
@@ -326,7 +331,7 @@ class Ledger:
         event = USE_EVENTS[use.kind][1]
         if use.kind in self._accesses:
             for alloc_id in use.allocations:
-                if (record := self._allocations.get(alloc_id)) is not None and record.accesses:
+                if (record := self.records.get(alloc_id)) is not None and record.accesses:
                     record.accesses.remove(use)
         ready: list[InFlight] = []
         for follower in use.followers or ():  # in issue order
@@ -352,12 +357,12 @@ class Ledger:
     def restart(self, now: float = 0.0) -> list[Allocation]:
         """Begin a new generation; returns the old allocations to release now. The others wait
         for their uses to end, counted from `now` (PIN-1)."""
-        old = list(self._allocations.values())
+        old = list(self.records.values())
         self.generation += 1
         if self.tracer is not None:
             self.tracer.restarted(self.generation)
         release = [r for r in old if self.fire(r.id, r.generation, "restart") is not None]
-        for record in self._allocations.values():  # all of an older generation: none is new yet
+        for record in self.records.values():  # all of an older generation: none is new yet
             self._waiting.setdefault(record.id, now)
         return release
 
@@ -373,7 +378,7 @@ class Ledger:
             self._next_use,
             tuple(
                 (r.id, r.generation, r.extent, r.spec, r.memory, r.state, r.copies, r.computes)
-                for r in self._allocations.values()
+                for r in self.records.values()
             ),
             tuple(
                 (u.id, u.kind, u.allocations, u.host, u.generation, u.keep_host, u.span,
@@ -387,8 +392,8 @@ class Ledger:
         in issue order, as `snapshot` gives them)."""
         self.generation, self._next_allocation, self._next_use, records, uses = state
         self._by_token, self._waiting = {}, {}  # neither is part of the value: no token, no clock
-        self._reported, self._views_gone = deque(), deque()  # empty between calls
-        self._allocations = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
+        self.unapplied, self.collected = deque(), deque()  # empty between calls
+        self.records = {r[0]: Allocation(r[0], r[1], r[2], r[3], r[4], r[5], None, r[6], r[7]) for r in records}
         self._inflight = inflight = {}
         for uid, kind, allocations, host, generation, keep_host, span, after in uses:  # in issue order
             use = InFlight(uid, kind, allocations, host, generation, keep_host, span, set(after) if after else None)
@@ -400,7 +405,7 @@ class Ledger:
                 before.followers.append(use)
             if kind in self._accesses:
                 for alloc_id in allocations:
-                    if (record := self._allocations.get(alloc_id)) is not None:
+                    if (record := self.records.get(alloc_id)) is not None:
                         if record.accesses is None:
                             record.accesses = []
                         record.accesses.append(use)
@@ -415,7 +420,7 @@ class Ledger:
         """Advance one allocation by one raw spec event; returns it when its memory must be
         released now. The Bridge's calls are built from this; the model checker and the
         stateful tests also drive it directly."""
-        record = self._allocations.get(alloc_id)
+        record = self.records.get(alloc_id)
         if record is None:  # freed or stale: no counters, no memory
             self.check([(alloc_id, generation)], event)
             return None
@@ -440,7 +445,7 @@ class Ledger:
                 f"and {record.computes} computes in flight",
             )
         if step.dest in self._table.terminal:
-            del self._allocations[alloc_id]
+            del self.records[alloc_id]
             self._waiting.pop(alloc_id, None)
         return record if step.release else None
 

@@ -120,6 +120,8 @@ class Runner:
         """Apply what arrived while no call ran: views collected, tokens the device reported while
         a call held the lock. How many uses ended."""
         core, drained = self.core, 0
+        if not (core.collected or core.unapplied):  # (the common case: one call)
+            return 0
         for use in core.views_ended():
             drained += self.end(use, OK)
         for use in core.reports():

@@ -21,7 +21,7 @@ from devbridge import (
 )
 from devbridge.backends.fake import FakeBackend
 from devbridge.statemachine import LifecycleCore
-from devbridge.statemachine.core import USE_EVENTS, HostDone, InvariantViolation, Release, Settle, Submit
+from devbridge.statemachine.core import USE_EVENTS, Composite, HostDone, InvariantViolation, Release, Settle, Submit
 from devbridge.statemachine.status import Status
 
 
@@ -317,52 +317,54 @@ def test_a_free_or_restart_told_no_time_counts_its_wait_from_zero() -> None:
 
 
 @pytest.mark.holds("EVENT-1")
-def test_the_per_call_step_is_the_one_instant_made_from_the_same_state_and_counts() -> None:
-    """plain_step finds in one lookup the composite step of a copy from the record's state and
-    counts, made with the core (its begin is allowed there): the first copy on an allocation finds
-    it as the next ones do. None for a step the table refuses or counts none was made for, and
-    while an observer or a tracer must see each step. `take` advances the record and the use ids
-    as `instant` does, and `instant` takes the same step."""
+def test_every_copy_a_call_can_meet_is_made_with_the_table_a_step_or_its_refusal() -> None:
+    """`copy_steps` holds, for every state, copy kind and level of counts the state admits, what the
+    table makes of a copy there: the composite step of its begin and end, or the rule refusing its
+    begin. `copy_step` reads it (the per-call path's one lookup) and raises the refusal; `take`
+    advances the record and the use ids as `instant` does, telling an observer and a tracer both
+    spec steps."""
     core = LifecycleCore()
+    spec = core.spec
+    expected = {
+        (state, kind, c, k)
+        for state in spec.states
+        for kind in ("copy_in", "copy_out")
+        for c in range(3)
+        for k in range(3)
+        if spec.states[state].admits(c, k)
+    }
+    assert set(core.copy_steps) == expected
+    for (state, kind, c, k), step in core.copy_steps.items():
+        rule = core.table.lookup(state, "copy_begin", c, k).rule
+        if rule is not None:
+            assert step == rule
+        else:
+            assert isinstance(step, Composite) and (step.begin, step.end) == USE_EVENTS[kind]
+            assert step.first == core.table.lookup(state, "copy_begin", c, k)
     rec = core.add(8, spec=None, memory="m")
-    first = core.plain_step(rec, "copy_in")  # made with the core, before any copy
-    assert first is not None and (first.begin, first.middle, first.end, first.dest) == (
-        "copy_begin",
-        "copying",
-        "copy_end",
-        "idle",
-    )
+    first = core.copy_step(rec, "copy_in")  # made with the core, before any copy
+    assert (first.begin, first.middle, first.end, first.dest) == ("copy_begin", "copying", "copy_end", "idle")
     assert core.take(rec, first) == 0 and rec.state == "idle"
-    step = core.plain_step(rec, "copy_in")  # from "idle" now
-    assert (
-        step is not None
-        and step is not first
-        and (step.begin, step.middle, step.dest)
-        == (
-            "copy_begin",
-            "copying",
-            "idle",
-        )
-    )
-    out = core.plain_step(rec, "copy_out")  # another kind, another step
-    assert out is not None and out is not step and out.dest == "idle"
-    assert core.instant("copy_in", (rec.id, 0)) == 1 and rec.state == "idle"
-    assert core.plain_step(rec, "copy_in") is step  # instant took the step made with the core
-    assert core.take(rec, step) == 2 and core.instant("copy_in", (rec.id, 0)) == 3  # one sequence of use ids
+    step = core.copy_step(rec, "copy_in")  # from "idle" now
+    assert step is not first and (step.middle, step.dest) == ("copying", "idle")
+    assert core.copy_step(rec, "copy_out") is core.copy_steps[("idle", "copy_out", 0, 0)]
+    assert core.instant("copy_in", (rec.id, 0)) == 1 and core.take(rec, step) == 2  # one sequence of use ids
     comp = core.begin("compute", [(rec.id, 0)])
-    during = core.plain_step(rec, "copy_in")  # a copy beside a compute: its own step
-    assert (rec.state, rec.computes) == ("computing", 1) and during is not None
+    during = core.copy_step(rec, "copy_in")  # a copy beside a compute: its own step
     assert (during.middle, during.dest) == ("copying_computing", "computing")
     core.end(comp.id, ok=True)
-    assert rec.state == "idle" and core.plain_step(rec, "copy_in") is step
-    core.observer = lambda state, event, found: None
-    assert core.plain_step(rec, "copy_in") is None  # a coverage tool counts each spec step
-    core.observer, core.tracer = None, mock.Mock()
-    assert core.plain_step(rec, "copy_in") is None  # a timeline draws each spec step
-    core.tracer = None
-    core.instant("copy_in", (rec.id, 0))
-    rec.copies = 2  # (a level the table keys by: 2 and more)
-    assert core.plain_step(rec, "copy_in") is None
+    told: list[tuple[str, str]] = []
+    core.observer = lambda state, event, found: told.append((state, event))
+    core.tracer = tracer = mock.Mock()
+    assert core.take(rec, core.copy_step(rec, "copy_in")) == 4  # the same step, told as its two spec steps
+    assert told == [("idle", "copy_begin"), ("copying", "copy_end")]
+    assert [c.args[1:] for c in tracer.state.call_args_list] == [("copy_begin", "copying"), ("copy_end", "idle")]
+    core.observer = core.tracer = None
+    use = core.begin("copy_out", [(rec.id, 0)], span=(0, 4))
+    assert core.free(rec.id, 0) is None and rec.state == "free_pending"
+    with refused("USE-1"):  # the table refuses a copy there: its rule, nothing changed
+        core.copy_step(rec, "copy_in")
+    assert core.copy_steps[("free_pending", "copy_in", 1, 0)] == "USE-1" and use.id == 5
 
 
 def test_a_step_that_breaks_the_states_counts_is_an_invariant_violation_every_time() -> None:
