@@ -82,9 +82,9 @@ RATIOS = (
      "raw _copyin 64 B"),
     ("own alloc + free", "its own alloc + free work / raw allocate + deallocate", "alloc + free 1 MiB, null backend",
      "raw allocate + deallocate 1 MiB"),
-    ("64 B", "goal: sync 64 B / raw _copyin (<= 1.0)", "sync host_to_device 64 B", "raw _copyin 64 B"),
-    ("1 MiB", "goal: sync 1 MiB / raw _copyin (<= 1.03)", "sync host_to_device 1 MiB", "raw _copyin 1 MiB"),
-    ("alloc + free", "goal: alloc + free / raw (<= 1.5)", "alloc_device + free_device 1 MiB",
+    ("64 B", "goal: sync 64 B / raw _copyin (<= 0.75)", "sync host_to_device 64 B", "raw _copyin 64 B"),
+    ("1 MiB", "goal: sync 1 MiB / raw _copyin (<= 1.0)", "sync host_to_device 1 MiB", "raw _copyin 1 MiB"),
+    ("alloc + free", "goal: alloc + free / raw (<= 1.2)", "alloc_device + free_device 1 MiB",
      "raw allocate + deallocate 1 MiB"),
 )  # fmt: skip
 PASSES = 5

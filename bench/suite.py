@@ -143,7 +143,7 @@ def timed_row(path: str, bridge: Call, raw: Call, calls: int, rounds: int, goal:
 
 def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     rows = []
-    for nbytes, goal in ((64, "<= 1.0"), (1 << 20, "<= 1.03"), (16 << 20, "<= 1.03")):
+    for nbytes, goal in ((64, "<= 0.75"), (1 << 20, "<= 1.0"), (16 << 20, "<= 1.03")):
         b = CopyBench(device, nbytes)
         path = f"sync host_to_device {size_label(nbytes)} / raw _copyin"
         rows.append(
@@ -157,7 +157,7 @@ def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     )
     b = CopyBench(device, 64)
     path = "async host_to_device 64 B + wait() / sync 64 B"
-    rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.5"))
+    rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.3"))
     b.check()
     return rows
 
@@ -173,7 +173,7 @@ def alloc_row(device: str, rounds: int, quick: bool) -> list[Row]:
         tg.allocate(device, nbytes).deallocate()  # type: ignore[no-untyped-call]
 
     path = "alloc_device + free_device 1 MiB / raw Buffer allocate + deallocate"
-    row = timed_row(path, via_bridge, raw, calls, rounds, "<= 1.5", "alloc + free")
+    row = timed_row(path, via_bridge, raw, calls, rounds, "<= 1.2", "alloc + free")
     null = Bridge(scaling.NullBackend())
 
     def bookkeeping() -> None:

@@ -1,3 +1,3 @@
-"""The Bridge (`bridge`): it executes the core's decisions on a backend; its events (`events`),
-waits (`waiting`, `aio`), copies (`transfer`), statistics (`stats`, `memory`, `introspection`)
+"""The Bridge (`bridge`), built with its engine (`engine`), which executes the core's decisions
+on a backend; its events (`events`, `aio`), copies (`transfer`), statistics (`stats`, `memory`)
 and trace (`trace`)."""

@@ -6,11 +6,12 @@ the backend call, then record what happened in the core and the ring. So a
 rejected call changes nothing and makes no backend call, and a backend
 failure at submission changes nothing either.
 
-The core decides, the Bridge executes (devbridge.bridge.engine says how). Its parts:
-this module's calls (allocation, copies, compute and views, completions and
-generations); the waits on many events (devbridge.bridge.waiting); what it says
-about itself (devbridge.bridge.introspection); its state and machinery below the
-calls (devbridge.bridge.engine).
+The core decides, the Bridge executes. It is one class, built with the core
+and its `Engine` (devbridge.bridge.engine: the core's runner over the backend,
+which carries out the core's effects and serves the events). This module holds
+every public call, in sections: allocation, copies, compute and views,
+completions and generations, waits on many events, what it says about itself;
+then a copy's one path and the resolution of what a caller hands in.
 """
 
 from __future__ import annotations

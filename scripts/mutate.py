@@ -88,6 +88,7 @@ SKIPPED = (
     "tests/house/test_wheel.py",
     "tests/apps/test_fleet.py",
     "tests/house/test_shell_blocks.py",
+    "tests/house/test_mutate_tool.py",  # the tool's own tests: they copy the checkout with git
 )
 
 COMPARE = {
@@ -327,7 +328,11 @@ def mutants_of(file: str, source: str) -> list[Mutant]:
 
 
 def checkout_copy(dest: Path) -> Path:
-    """The working tree's files (tracked and untracked, not ignored) copied to dest."""
+    """The working tree's files (tracked and untracked, not ignored) copied to dest, with the
+    package laid out over them as an editable install does (`dest/devbridge`, links to the copy's
+    folders by pyproject's package-dir): the tests run in the copy import it (PYTHONPATH), so a
+    mutant made in the copy's file is the code they run, and a path resolved from the package
+    leads back to the copy as it does to the checkout."""
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
     ).stdout.split(b"\0")
@@ -336,7 +341,33 @@ def checkout_copy(dest: Path) -> Path:
         if src.is_file():
             (dest / name.decode()).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name.decode())
+    for package, folder in sorted(PACKAGE_DIR.items()):  # the root package first: the others go in it
+        tree = dest / installed_folder(package)
+        if "." not in package:  # links to each of its files, as an editable install lays it out
+            tree.mkdir()
+            for source in (dest / folder).iterdir():
+                (tree / source.name).symlink_to(source)
+        else:
+            tree.symlink_to(dest / folder, target_is_directory=True)
     return dest
+
+
+#: pyproject's package-dir: each package of devbridge and the checkout folder it is made from.
+PACKAGE_DIR: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
+def installed_folder(package: str) -> str:
+    return package.replace(".", "/")
+
+
+def installed(file: str) -> str:
+    """Where a checkout file (`statemachine/core.py`) is in the installed package's tree
+    (`devbridge/statemachine/core.py`): the tests of a copy import it from there."""
+    folder, _, rest = file.partition("/")
+    for package, source in PACKAGE_DIR.items():
+        if source == folder:
+            return f"{installed_folder(package)}/{rest}"
+    return file
 
 
 def pytest_cmd(copy: Path, *args: str) -> tuple[list[str], dict[str, str]]:
@@ -348,7 +379,8 @@ def coverage_map(base: Path) -> tuple[dict[str, dict[int, set[str]]], dict[str, 
     """{file: {line: {test function node id}}} and {test function node id: seconds}, from one run
     of every test but the skipped ones under coverage.py with per-test contexts."""
     rc = base / ".mutate-coveragerc"
-    rc.write_text("[run]\nbranch = false\ninclude =\n" + "".join(f"    {base / f}\n" for f in FILES))
+    paths = [base / where for f in FILES for where in (f, installed(f))]  # (as imported, and resolved)
+    rc.write_text("[run]\nbranch = false\ninclude =\n" + "".join(f"    {path}\n" for path in paths))
     ignore = [f"--ignore={t}" for t in SKIPPED]
     cmd, env = pytest_cmd(base, *ignore, "-p", "mutate_context", f"--junitxml={base / 'baseline.xml'}")
     cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", *cmd[2:]]
@@ -363,8 +395,10 @@ def coverage_map(base: Path) -> tuple[dict[str, dict[int, set[str]]], dict[str, 
     )  # fmt: skip
     data = json.loads((base / "cov.json").read_text())
     lines: dict[str, dict[int, set[str]]] = {f: defaultdict(set) for f in FILES}
+    of_installed = {installed(f): f for f in FILES}
     for path, info in data["files"].items():
-        file = str(Path(path).resolve().relative_to(base.resolve())) if Path(path).is_absolute() else path
+        file = str(Path(path).relative_to(base)) if Path(path).is_absolute() else path
+        file = of_installed.get(file, file)
         for line, contexts in info["contexts"].items():
             for context in contexts:
                 if context.startswith("tests/"):  # a test's node id (not module import time: "")
@@ -435,7 +469,7 @@ class Result:
 
 
 def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[str, str]:
-    target = copy / m.file
+    target = copy / m.file  # (the file the copy's package links to)
     original = target.read_text()
     target.write_text(m.apply(original))
     try:

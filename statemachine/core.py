@@ -135,7 +135,7 @@ class LifecycleCore(Ledger):
             try:
                 end = self.end(use.id, ok=status.error is None)
             except BridgeError as e:  # a bug in the bookkeeping: the event still settles, with it
-                effects.append(Settle(use, e, broken=True))
+                effects.append(Settle(use, e, aborted=False, broken=True))
                 return effects
             effects.extend(self._ending(end, status))
             for follower in end.ready:  # in issue order
@@ -158,7 +158,7 @@ class LifecycleCore(Ledger):
             error = self.failure("aborted", f"{use.kind} #{use.id} was aborted by restart")
         elif end.error_rule is not None:
             error = self.failure(use.kind, f"{use.kind} #{use.id} failed: {status.error}")
-        effects.append(Settle(use, error, aborted=end.aborted))
+        effects.append(Settle(use, error, aborted=end.aborted, broken=False))
         return effects
 
     def ended(self, use: InFlight) -> bool:

@@ -263,10 +263,9 @@ class Ledger:
         step = self.copy_steps.get((state, kind, copies, computes))
         if step is None:  # none made: the spec breaks its counts there (INV-COUNTS, raised now)
             return self._compose(state, kind, copies, computes)
-        if type(step) is str:  # the table's refusal, as `check` finds and tells it
+        if type(step) is str:  # the table's refusal: `check` finds it, tells an observer, raises it
             self.check([(record.id, record.generation)], USE_EVENTS[kind][0])
-            raise self.refusal(step, record.id, record.generation, state, USE_EVENTS[kind][0])
-        assert isinstance(step, Composite)
+        assert isinstance(step, Composite), step  # (a refusal never gets here)
         return step
 
     def instant(self, kind: str, key: tuple[int, int]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from devbridge.errors import ERRORS, BridgeError
 from devbridge.spec import Lifecycle
@@ -169,13 +169,13 @@ class Settle:
 
     use: InFlight
     error: BridgeError | None
-    aborted: bool = False
-    broken: bool = False
+    aborted: bool
+    broken: bool
 
 
 #: What the core asks whoever runs the uses to do (the Bridge over a backend, the sans-I/O checker
 #: over a model device), in the order it returns them.
-Effect = Submit | HostDone | Release | Settle
+Effect: TypeAlias = "Submit | HostDone | Release | Settle"
 
 
 @dataclass(frozen=True, slots=True)

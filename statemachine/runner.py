@@ -3,9 +3,9 @@
 The core (statemachine/core.py) decides and returns its decisions as values (`Effect`s); it never
 calls out. A `Runner` executes them, in the order given, and feeds the device's answers back to
 the core: a held use it launches is asked once whether it is done, a use the device reports done
-is ended through the core's `finish`, and whatever that end asks for is executed in turn. What the
-device is, a subclass says (`submit`, `query`, `host_done`, `release_memory`, `settle`): the Bridge's over
-a backend (devbridge.bridge.engine), the sans-I/O checker's over a model device
+is ended through the core's `finish`, and whatever that end asks for is executed in turn. What
+the device is, a subclass says (`submit`, `query`, `host_done`, `release_memory`, `settle`): the
+Bridge's over a backend (devbridge.bridge.engine), the sans-I/O checker's over a model device
 (devbridge.models.sansio). Both run this code, so the checker proves the orchestration the Bridge
 runs. Not thread-safe: the Bridge serialises calls.
 """

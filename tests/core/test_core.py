@@ -264,7 +264,7 @@ def test_finish_ends_a_use_once_and_says_what_to_do_as_values() -> None:
     record = core.add(8, None, None)
     use = core.begin("copy_in", [(record.id, record.generation)], host="R", span=(0, 4))
     effects = core.finish(use, Status(True))
-    assert effects == [HostDone(use, True), Settle(use, None)]
+    assert effects == [HostDone(use, True), Settle(use, None, aborted=False, broken=False)]
     before = core.snapshot()
     assert core.finish(use, Status(True, "again")) == []  # ended already: nothing happens
     assert core.snapshot() == before and core.ended(use) and core.state(record.id, 0) == "idle"
@@ -289,7 +289,11 @@ def test_finish_launches_the_held_uses_it_made_ready_and_aborts_the_stale_ones()
     first = core.begin("copy_in", [(a.id, 0)], host="A", span=(0, 4))
     core.submitted(first, object())
     held = core.begin("copy_out", [(a.id, 0)], host="B", span=(0, 4), before=[first])
-    assert core.finish(first, Status(True)) == [HostDone(first, True), Settle(first, None), Submit(held)]
+    assert core.finish(first, Status(True)) == [
+        HostDone(first, True),
+        Settle(first, None, aborted=False, broken=False),
+        Submit(held),
+    ]
     core2 = LifecycleCore()
     b = core2.add(8, None, None)
     up = core2.begin("copy_in", [(b.id, 0)], host="A", span=(0, 4))
@@ -390,3 +394,29 @@ def test_the_kept_answers_of_the_count_invariant_tell_every_case_the_spec_does()
         for state in spec.states:
             assert [core._admits(state, c, k) for c, k in cases] == [spec.states[state].admits(c, k) for c, k in cases]
     assert core._admits("free_pending", 1, 1) and not core._admits("free_pending", 1, -1)
+
+
+def test_a_broken_end_settles_its_event_with_the_error_then_raises_it() -> None:
+    """A bookkeeping bug while a use ends (its `end` raises): `finish` returns one broken
+    `Settle` carrying the error; the runner settles the event with it, then raises it."""
+    from devbridge.statemachine.runner import Runner
+
+    class Recorder(Runner):
+        def __init__(self, core: LifecycleCore) -> None:
+            super().__init__(core)
+            self.settled: list[Settle] = []
+
+        def settle(self, effect: Settle) -> None:
+            self.settled.append(effect)
+
+    core = LifecycleCore()
+    record = core.add(8, None, None)
+    use = core.begin("compute", [(record.id, 0)])
+    broken = LifecycleError("EVENT-1", "the books are wrong")
+    with mock.patch.object(LifecycleCore, "end", side_effect=broken):
+        effects = core.finish(use, Status(True))
+    assert effects == [Settle(use, broken, aborted=False, broken=True)]
+    runner = Recorder(core)
+    with pytest.raises(LifecycleError) as raised:
+        runner.execute(effects)
+    assert raised.value is broken and runner.settled == effects

@@ -197,3 +197,24 @@ def test_the_readme_quotes_the_mutation_report_as_the_tool_wrote_it(mutate: Modu
     summary = report[2]  # "1324 mutants, 95 min." or, rendered from a log, "305 of 1324 mutants logged."
     assert summary.split()[1] in ("mutants,", "of") and any(summary in line for line in readme)
     assert not any(line.startswith("## Listed as equivalent, disproved") for line in report)
+
+
+def test_a_copy_imports_its_own_package_where_its_mutants_are_made(mutate: ModuleType, tmp_path: Path) -> None:
+    """The copy a mutant is made in lays the package out over its folders as an editable install
+    does (no folder of the checkout is named `devbridge`): its tests import the copy's files, so a
+    mutant made there is the code they run, and the package finds the copy as its checkout."""
+    import os
+    import subprocess
+
+    assert mutate.installed("statemachine/core.py") == "devbridge/statemachine/core.py"
+    assert mutate.installed("api/types.py") == "devbridge/types.py"
+    copy = mutate.checkout_copy(tmp_path / "copy")
+    target = copy / "statemachine" / "runner.py"  # where a mutant is made
+    target.write_text(target.read_text() + "\nMUTATED = True\n")
+    probe = (
+        "import devbridge.statemachine.runner as r, devbridge.checkout as c, pathlib; "
+        "print(pathlib.Path(r.__file__).resolve(), r.MUTATED, c.package_checkout())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    run = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True)
+    assert run.stdout.split() == [str(target.resolve()), "True", str(copy.resolve())], run.stderr
