@@ -135,7 +135,7 @@ class ObjectSpec:
         return DTYPE_SIZES[self.dtype]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DeviceHandle:
     """A device allocation as the worker sees it: a capability only a Bridge makes.
 
@@ -151,11 +151,26 @@ class DeviceHandle:
     owner: int = field(repr=False)  # the Bridge that made it
     seal: int = field(default=0, repr=False, compare=False)
 
+    def __init__(  # the generated one, through the slots' setters (made per allocation)
+        self, id: int, generation: int, extent: int, spec: ObjectSpec, owner: int, seal: int = 0
+    ) -> None:
+        _set_id(self, id)
+        _set_generation(self, generation)
+        _set_extent(self, extent)
+        _set_spec(self, spec)
+        _set_owner(self, owner)
+        _set_seal(self, seal)
+
 
 def slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
     """The setters of a slotted class's fields, which fill a frozen instance without its
     `__setattr__` (the fastest way to build one whose fields are known valid)."""
     return tuple(vars(cls)[name].__set__ for name in names)
+
+
+_set_id, _set_generation, _set_extent, _set_spec, _set_owner, _set_seal = slot_setters(
+    DeviceHandle, "id", "generation", "extent", "spec", "owner", "seal"
+)
 
 
 def range_fields(what: str, offset: object, nbytes: object) -> tuple[int, int]:

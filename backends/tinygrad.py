@@ -490,7 +490,7 @@ class TinygradBackend:
     def _keep(self, buf: tg.Buffer) -> None:
         """Keep a freed Buffer no work uses any more for the next allocation of its size, while
         the bounds allow and no view was ever made over it; else drop it (to tinygrad)."""
-        nbytes = buf.nbytes
+        nbytes = buf.size  # a uint8 Buffer (tg.allocate): its size is its bytes
         with self._lock:
             if id(buf) in self._viewed:
                 self._viewed.discard(id(buf))

@@ -23,8 +23,8 @@ import secrets
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import Backend, BackendError
@@ -67,6 +67,17 @@ __all__ = ["POLL_S", "Bridge", "log"]
 _owners = itertools.count(1)
 
 
+#: What a call that returns an event returns once it is not blocked.
+Done = TypeVar("Done", CopyEvent, ComputeEvent)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Blocked:
+    """A synchronous call must first wait for `event`, a use in flight it follows (ORDER-1)."""
+
+    event: Event
+
+
 class Bridge:
     """One device's bridge: allocations on the lifecycle of spec/lifecycle.toml, copies
     between HostRing ranges and device ranges, compute and zero-copy tinygrad views, over a
@@ -101,7 +112,7 @@ class Bridge:
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
         self._core = LifecycleCore()
-        self._records, self._steps = self._core.records, self._core.copy_steps  # (the core's own, read per call)
+        self._records = self._core.records  # (the core's own, read per call)
         self._engine = engine = Engine(backend, self._core)  # what executes the core's decisions
         # the engine's parts this bridge's calls use directly (the same objects)
         self._backend, self._lock, self._counts, self._memory = backend, engine.lock, engine.counts, engine.memory
@@ -245,7 +256,9 @@ class Bridge:
         if type(sync) is not bool or type(release) is not bool:  # (one test on the per-call path)
             flag("sync", sync)
             flag("release", release)
-        return self._copy("copy_in", src, dst, src, dst, sync, not release)
+        args = ("copy_in", src, dst, src, dst, sync, not release)
+        event = self._copy(*args)
+        return self._unblocked(event, self._copy, *args) if isinstance(event, Blocked) else event
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst` (D2H-1), after every earlier use that
@@ -272,7 +285,9 @@ class Bridge:
                 event carries it)."""
         if type(sync) is not bool:  # (one test on the per-call path)
             flag("sync", sync)
-        return self._copy("copy_out", dst, src, src, dst, sync, False)
+        args = ("copy_out", dst, src, src, dst, sync, False)
+        event = self._copy(*args)
+        return self._unblocked(event, self._copy, *args) if isinstance(event, Blocked) else event
 
     def upload(
         self, handle: DeviceHandle, array: Any, *, offset: int = 0, ring: HostRing | None = None, sync: bool = True
@@ -342,26 +357,8 @@ class Bridge:
             StaleHandleError: GEN-2, for a handle of an older generation.
             OrderingError: ORDER-2, when a copy it must wait for would wait on an open block.
             ComputeError: COMPUTE-F, when the backend cannot mark the compute."""
-        while True:
-            with self._lock:
-                self._engine.drain()
-                resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
-                keys = list(resolved)
-                self._core.check(keys, "compute_begin")
-                if (plan := self._core.plan("compute", keys)).blocker is None:
-                    memories = [record.memory for record in resolved.values() if record is not None]
-                    try:
-                        token = self._backend.compute(memories)
-                    except BackendError as e:
-                        self._counts["compute_failures"] += 1
-                        raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
-                    use = self._core.begin("compute", keys, before=[])
-                    self._counts["computes"] += 1
-                    event = ComputeEvent(self._engine, use.id, token, handles=tuple(handles))
-                    self._track(use, event)
-                    return event
-                blocker = plan.blocker.event
-            self._engine.wait_for(blocker)
+        event = self._compute(handles)
+        return self._unblocked(event, self._compute, handles) if isinstance(event, Blocked) else event
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
         """A zero-copy tinygrad Tensor over the allocation (VIEW-1). While it, or
@@ -672,71 +669,96 @@ class Bridge:
         dst: HostRange | DeviceRange,
         sync: bool,
         keep_host: bool,
-    ) -> CopyEvent:
+    ) -> CopyEvent | Blocked:
         """Either copy, `host` <-> `device` (`src` -> `dst` as the caller gave them): checked, then
-        submitted now, held back behind the earlier uses it must follow (async, ORDER-1), or
-        submitted once they ended (sync). One path for every copy: a synchronous one with nothing
-        in flight on its allocation is the same path with no plan to make."""
+        submitted now, held back behind the earlier uses it must follow (async, ORDER-1), or, when
+        sync, Blocked on the first of them (the caller waits and tries again: `_unblocked`). One
+        path for every copy: a synchronous one with nothing in flight on its allocation is the
+        same path with no plan to make."""
         into_device = kind == "copy_in"
         core, engine = self._core, self._engine
-        while True:
-            with self._lock:
-                if core.unapplied or core.collected:  # what arrived while no call ran, first
-                    engine.drain()
-                if type(host) is not HostRange and not isinstance(host, HostRange):
-                    raise RangeError(
-                        "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
-                    )
-                record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
-                ring = host.ring
+        with self._lock:
+            if core.unapplied or core.collected:  # what arrived while no call ran, first
+                engine.drain()
+            if type(host) is not HostRange and not isinstance(host, HostRange):
+                raise RangeError(
+                    "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
+                )
+            record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
+            ring = host.ring
+            ring.check_copy(host, into_device)
+            before: list[InFlight] = []
+            if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
+                span = (device.offset, device.offset + device.nbytes)
+                plan = core.plan(kind, [(record.id, record.generation)], span, sync)
+                if plan.blocker is not None:  # a synchronous one waits for them, then checks again
+                    return Blocked(plan.blocker.event)
+                before = plan.before  # an asynchronous copy is held behind them (no token yet)
+            token = None
+            if not before:
+                try:
+                    token = engine.copy(kind, record.memory, device.offset, host, sync)
+                except BackendError as e:
+                    raise self._copy_failed(kind, host, src, dst, e) from e
+            if into_device:
+                self._copies_in += 1
+                self._bytes_in += host.nbytes
+            else:
+                self._copies_out += 1
+                self._bytes_out += host.nbytes
+            if sync or (status := self._first_status(token)) is OK:
+                # done already: one composite step, nothing left in flight (H2D-2, D2H-2)
+                if record.copies or record.computes:  # a use of it may have ended during the call
+                    step = core.copy_step(record, kind)
+                use_id = core.take(record, step)
+                if self._trace is not None:
+                    self._trace.instant(kind, record, host.nbytes)
                 if into_device:
-                    ring.check_source(host)
+                    ring.read_done(host, not keep_host)
                 else:
-                    ring.check_dest(host)
-                before: list[InFlight] = []
-                blocker: Event | None = None
-                if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
-                    span = (device.offset, device.offset + device.nbytes)
-                    plan = core.plan(kind, [(record.id, record.generation)], span, sync)
-                    before = plan.before  # an asynchronous copy is held behind them (no token yet)
-                    if plan.blocker is not None:  # a synchronous one waits for them, then checks again
-                        blocker = plan.blocker.event
-                if blocker is None:
-                    token = None
-                    if not before:
-                        try:
-                            token = engine.copy(kind, record.memory, device.offset, host, sync)
-                        except BackendError as e:
-                            raise self._copy_failed(kind, host, src, dst, e) from e
-                    if into_device:
-                        self._copies_in += 1
-                        self._bytes_in += host.nbytes
-                    else:
-                        self._copies_out += 1
-                        self._bytes_out += host.nbytes
-                    if sync or (status := self._first_status(token)) is OK:
-                        # done already: one composite step, nothing left in flight (H2D-2, D2H-2)
-                        if record.copies or record.computes:  # a use of it may have ended during the call
-                            step = core.copy_step(record, kind)
-                        use_id = core.take(record, step)
-                        if self._trace is not None:
-                            self._trace.instant(kind, record, host.nbytes)
-                        if into_device:
-                            ring.read_done(host, not keep_host)
-                        else:
-                            ring.write_done(host)
-                        return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
-                    span = (device.offset, device.offset + device.nbytes)
-                    use = core.begin(
-                        kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before
-                    )
-                    if into_device:
-                        ring.begin_read(host)
-                    else:
-                        ring.begin_write(host)
-                    return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
-            assert blocker is not None
-            engine.wait_for(blocker)
+                    ring.write_done(host)
+                return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
+            span = (device.offset, device.offset + device.nbytes)
+            use = core.begin(
+                kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before
+            )
+            if into_device:
+                ring.begin_read(host)
+            else:
+                ring.begin_write(host)
+            return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
+
+    def _compute(self, handles: tuple[DeviceHandle, ...]) -> ComputeEvent | Blocked:
+        """A compute on `handles`, checked and marked on the backend, or Blocked on the first copy
+        in flight it must follow (the caller waits and tries again: `_unblocked`)."""
+        with self._lock:
+            self._engine.drain()
+            resolved = dict(self._resolve(h) for h in handles)  # one entry per allocation
+            keys = list(resolved)
+            self._core.check(keys, "compute_begin")
+            if (plan := self._core.plan("compute", keys)).blocker is not None:
+                return Blocked(plan.blocker.event)
+            memories = [record.memory for record in resolved.values() if record is not None]
+            try:
+                token = self._backend.compute(memories)
+            except BackendError as e:
+                self._counts["compute_failures"] += 1
+                raise self._core.failure("compute", f"compute on {[k[0] for k in keys]}: {e}") from e
+            use = self._core.begin("compute", keys, before=[])
+            self._counts["computes"] += 1
+            event = ComputeEvent(self._engine, use.id, token, handles=handles)
+            self._track(use, event)
+            return event
+
+    def _unblocked(self, blocked: Blocked, attempt: Callable[..., Done | Blocked], *args: Any) -> Done:
+        """The one wait of a synchronous call behind uses in flight (ORDER-1): wait for the use it
+        is blocked on, outside the lock, then make the call again from its checks, as often as
+        it takes."""
+        outcome: Done | Blocked = blocked
+        while isinstance(outcome, Blocked):
+            self._engine.wait_for(outcome.event)
+            outcome = attempt(*args)
+        return outcome
 
     def _device_step(self, kind: str, device: object, nbytes: int | None, rule: str) -> tuple[Allocation, Composite]:
         """The one check of a copy's device side, and what the copy does there: the handle resolved
@@ -762,10 +784,7 @@ class Bridge:
         if record is None:  # dead: the table's refusal, as `check` finds and tells it
             self._core.check([key], "copy_begin")
             raise self._core.dead(*key, "copy_begin")
-        step = None if record.copies or record.computes else self._steps.get((record.state, kind, 0, 0))
-        if type(step) is not Composite:  # uses in flight, or a refusal: the core's full lookup
-            return record, self._core.copy_step(record, kind)
-        return record, step
+        return record, self._core.copy_step(record, kind)
 
     def _copy_failed(
         self, kind: str, host: HostRange, src: HostRange | DeviceRange, dst: HostRange | DeviceRange, e: BackendError

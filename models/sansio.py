@@ -312,7 +312,7 @@ class Step(Runner):
             raise Broken("RING-2", f"a reservation of {nbytes} B that fits was refused: {e}") from e
         key = self.key(alloc)
         self.core.check([key], "copy_begin")
-        (self.ring.check_source if kind == "copy_in" else self.ring.check_dest)(r)
+        self.ring.check_copy(r, kind == "copy_in")
         dspan = (offset, offset + nbytes)
         sync = mode in ("sync", "sync_fails")
         while (plan := self.core.plan(kind, [key], dspan, sync)).blocker is not None:

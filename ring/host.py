@@ -539,31 +539,31 @@ class HostRing:
 
     # ------------------------------------------------------------ Bridge API
 
-    def check_source(self, r: HostRange) -> None:
-        """An input copy may read `r` (RING-3, D2H-3). Changes nothing."""
+    def check_copy(self, r: HostRange, into_device: bool) -> None:
+        """A copy may use `r`: an input copy (`into_device`) read it (RING-3, D2H-3), an output
+        copy write it (RING-3). Changes nothing."""
         with self._lock:
-            if not self._live(r):
-                self._check_live(r, "RING-3")
-            if self._writes and _overlaps(self._writes, r):
-                raise RangeError("RING-3", f"host bytes {_fmt(r)} are being written by a pending output copy")
-            if self._failed and _overlaps(self._failed, r):
-                raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
-
-    def check_dest(self, r: HostRange) -> None:
-        """An output copy may write `r` (RING-3). Changes nothing."""
-        with self._lock:
-            if not self._live(r):
-                self._check_live(r, "RING-3")
-            if (self._reads and _overlaps(self._reads, r)) or (self._writes and _overlaps(self._writes, r)):
+            if type(r) is not HostRange or r.ring is not self or self._records:
+                self._check_live(r, "RING-3")  # (a taken record's range: its own checks)
+            else:  # one unreleased span holds it (the per-call path: `_check_live`'s test, no call)
+                i = bisect_right(self._starts, r.start) - 1
+                if i < 0 or r.start + r.nbytes > self._ends[i]:
+                    self._check_live(r, "RING-3")
+            if into_device:
+                if self._writes and _overlaps(self._writes, r):
+                    raise RangeError("RING-3", f"host bytes {_fmt(r)} are being written by a pending output copy")
+                if self._failed and _overlaps(self._failed, r):
+                    raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
+            elif (self._reads and _overlaps(self._reads, r)) or (self._writes and _overlaps(self._writes, r)):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
 
     def raw(self, r: HostRange) -> memoryview:
-        """The bytes of `r` with no checks: for the Bridge, after `check_source`/`check_dest`."""
+        """The bytes of `r` with no checks: for the Bridge, after `check_copy`."""
         pos = r.start % self.capacity
         return self._memory[pos : pos + r.nbytes]
 
     def begin_read(self, r: HostRange) -> None:
-        """An input copy starts reading `r` (checked by `check_source` first): its bytes are
+        """An input copy starts reading `r` (checked by `check_copy` first): its bytes are
         read-only until `end_read` (H2D-3). For the Bridge."""
         with self._lock:
             self._reads.append((r.start, r.end))
@@ -593,7 +593,7 @@ class HostRing:
             self._cut_span(s, e)
 
     def begin_write(self, r: HostRange) -> None:
-        """An output copy starts writing `r` (checked by `check_dest` first): its bytes are not
+        """An output copy starts writing `r` (checked by `check_copy` first): its bytes are not
         readable until `end_write` says they are valid (D2H-3). For the Bridge."""
         with self._lock:
             self._writes.append((r.start, r.end))
@@ -696,14 +696,6 @@ class HostRing:
         """Index of the unreleased span holding all of `r`, or -1."""
         i = bisect_right(self._starts, r.start) - 1
         return i if i >= 0 and r.end <= self._ends[i] else -1
-
-    def _live(self, r: HostRange) -> bool:
-        """Whether `r` is a range of this ring inside one unreleased span (`_check_live` without
-        its errors, in one call: the per-call path)."""
-        if type(r) is not HostRange or r.ring is not self:
-            return False
-        i = bisect_right(self._starts, r.start) - 1
-        return i >= 0 and r.start + r.nbytes <= self._ends[i] and not self._records
 
     def _check_live(self, r: HostRange, rule: str) -> None:
         self._check_ring(r)

@@ -696,7 +696,7 @@ class SharedRing(HostRing):
 
     def _check_live(self, r: HostRange, rule: str) -> None:  # the lock held
         # (every call on a range asks: view, release, commit, a copy's checks; on a shared ring
-        # every live range is a record, so the per-call shortcut `_live` never skips this)
+        # every live range is a record, so `check_copy`'s per-call test never skips this)
         self._check_fence()
         try:
             super()._check_live(r, rule)

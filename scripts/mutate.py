@@ -309,19 +309,48 @@ def _docstring(body: list[ast.stmt]) -> bool:
 
 def mutants_of(file: str, source: str) -> list[Mutant]:
     finder = _Finder(file, source)
-    finder.visit(ast.parse(source))
+    tree = ast.parse(source)
+    finder.visit(tree)
     seen: Counter[tuple[str, str, str, str]] = Counter()
     numbered = []
     for m in sorted(finder.found, key=lambda m: (m.start, m.end, m.kind)):
         ident = (m.function, m.kind, m.original, m.mutated)
         numbered.append(Mutant(**{**asdict(m), "nth": seen[ident]}))
         seen[ident] += 1
+    lines = source.count("\n")
     for m in numbered:  # every mutant must still be Python
-        try:
-            ast.parse(m.apply(source))
-        except SyntaxError as e:
-            raise SystemExit(f"a mutant is not Python ({e}): {m}") from e
+        mutated = m.apply(source)
+        first, last, member = _enclosing(tree, m.line, m.end_line)
+        last -= lines - mutated.count("\n")  # (a deleted statement may take lines with it)
+        region = "".join(mutated.splitlines(keepends=True)[first - 1 : last])
+        try:  # the statement it is in, parsed alone (the whole file once per mutant takes seconds)
+            ast.parse("class _:\n" + region if member else region)
+        except SyntaxError:
+            try:
+                ast.parse(mutated)
+            except SyntaxError as e:
+                raise SystemExit(f"a mutant is not Python ({e}): {m}") from e
     return numbered
+
+
+def _enclosing(tree: ast.Module, line: int, end_line: int) -> tuple[int, int, bool]:
+    """The lines [first, last] of the module-level statement holding lines [line, end_line] (or
+    of the member of a module-level class that holds them), and whether it is a class member."""
+    for node in tree.body:
+        first, last = _lines(node)
+        if first <= line and end_line <= last:
+            for member in node.body if isinstance(node, ast.ClassDef) else ():
+                inner_first, inner_last = _lines(member)
+                if inner_first <= line and end_line <= inner_last:
+                    return inner_first, inner_last, True
+            return first, last, False
+    return 1, tree.body[-1].end_lineno or 1, False  # (not reached: every line is in a statement)
+
+
+def _lines(node: ast.stmt) -> tuple[int, int]:
+    """A statement's first line (its decorators') and its last."""
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)]), node.end_lineno or node.lineno
 
 
 # ---------------------------------------------------------------- running them
@@ -640,8 +669,8 @@ def render(results: list[Result], stale: list[str], seconds: float, of: int | No
     out += ["| file | mutants | killed | timeout | survived | uncovered | equivalent | disproved | error | score |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for file, c, score in scores(results):
-        disproved = sum(c[o] for o in WRONG_LIST)
-        cells = [sum(c.values()), c["killed"], c["timeout"], c["survived"], c["uncovered"], c["equivalent"], disproved]
+        wrong = sum(c[o] for o in WRONG_LIST)
+        cells = [sum(c.values()), c["killed"], c["timeout"], c["survived"], c["uncovered"], c["equivalent"], wrong]
         cells.append(c["error"])
         out.append(f"| `{file}` | " + " | ".join(map(str, cells)) + f" | {score:.1f}% |")
     out += ["", "## Not killed", ""]

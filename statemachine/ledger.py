@@ -34,6 +34,10 @@ from devbridge.statemachine.records import (
     packaged_lookups,
 )
 
+#: What `fire` does in one case: the table's step, the counter it moves (None: neither), by how
+#: much, and whether the state it leads to admits the counts after it.
+Firing = tuple[Step, str | None, int, bool]
+
 
 class Ledger:
     """Every allocation's lifecycle state, generation and uses in flight, advanced only
@@ -58,6 +62,9 @@ class Ledger:
         self.copy_steps: dict[tuple[str, str, int, int], Composite | str] = {}
         #: (state, no copies, no computes, no uses) -> whether the spec's `where` admits it (`_admits`)
         self._admitted: dict[tuple[str, bool, bool, bool], bool] = {}
+        #: (state, event, copies, computes) -> what `fire` does there (`_firing`), made with the
+        #: table the first time a case comes, for the counts below the levels' cap
+        self._firings: dict[tuple[str, str, int, int], Firing] = {}
         self.generation = 0
         self.records: dict[int, Allocation] = {}  # the live allocations by id
         self._inflight: dict[int, InFlight] = {}
@@ -259,10 +266,13 @@ class Ledger:
         """The composite step a copy of `kind` on the live `record` takes if it begins and ends at
         once, from its state and counts now (made with the table); the rule's error when the
         table refuses the copy there."""
-        state, copies, computes = record.state, level(record.copies), level(record.computes)
-        step = self.copy_steps.get((state, kind, copies, computes))
-        if step is None:  # none made: the spec breaks its counts there (INV-COUNTS, raised now)
-            return self._compose(state, kind, copies, computes)
+        state, copies, computes = record.state, record.copies, record.computes
+        step = self.copy_steps.get((state, kind, copies, computes))  # (counts below the cap are their levels)
+        if step is None:  # counts above the cap, or none made: the spec breaks its counts there
+            copies, computes = level(copies), level(computes)
+            step = self.copy_steps.get((state, kind, copies, computes))
+            if step is None:  # (INV-COUNTS, raised now)
+                return self._compose(state, kind, copies, computes)
         if type(step) is str:  # the table's refusal: `check` finds it, tells an observer, raises it
             self.check([(record.id, record.generation)], USE_EVENTS[kind][0])
         assert isinstance(step, Composite), step  # (a refusal never gets here)
@@ -423,30 +433,45 @@ class Ledger:
         if record is None:  # freed or stale: no counters, no memory
             self.check([(alloc_id, generation)], event)
             return None
-        step = self._table.lookup(record.state, event, record.copies, record.computes)
+        state, copies, computes = record.state, record.copies, record.computes
+        step, counter, delta, admitted = self._firings.get((state, event, copies, computes)) or self._firing(
+            state, event, copies, computes
+        )
         if self.observer is not None:
-            self.observer(record.state, event, step)
+            self.observer(state, event, step)
         if step.rule is not None:
-            raise self._errors[step.rule](step.rule, f"{event} rejected: allocation #{alloc_id} is {record.state}")
-        counter, delta = self._deltas[event]
+            raise self._errors[step.rule](step.rule, f"{event} rejected: allocation #{alloc_id} is {state}")
         if counter == "copies":
-            record.copies += delta
+            record.copies = copies = copies + delta
         elif counter == "computes":
-            record.computes += delta
+            record.computes = computes = computes + delta
         assert step.dest is not None
         record.state = step.dest
         if self.tracer is not None:
             self.tracer.state(record, event, record.state)
-        if not self._admits(step.dest, record.copies, record.computes):
+        if not admitted:
             raise InvariantViolation(
                 "INV-COUNTS",
-                f"allocation #{alloc_id} is {step.dest} after {event} with {record.copies} copies "
-                f"and {record.computes} computes in flight",
+                f"allocation #{alloc_id} is {step.dest} after {event} with {copies} copies "
+                f"and {computes} computes in flight",
             )
         if step.dest in self._table.terminal:
             del self.records[alloc_id]
             self._waiting.pop(alloc_id, None)
         return record if step.release else None
+
+    def _firing(self, state: str, event: str, copies: int, computes: int) -> Firing:
+        """What `fire` does for `event` in `state` with these counts: the table's step, the
+        counter it moves and by how much, and whether the state it leads to admits the counts
+        after it (a rejection moves nothing); kept for the next time below the levels' cap."""
+        step = self._table.lookup(state, event, copies, computes)
+        counter, delta = self._deltas[event]
+        copies_after = copies + delta if counter == "copies" else copies
+        computes_after = computes + delta if counter == "computes" else computes
+        admitted = step.dest is None or self._admits(step.dest, copies_after, computes_after)
+        if copies < LEVELS and computes < LEVELS:
+            self._firings[(state, event, copies, computes)] = (step, counter, delta, admitted)
+        return step, counter, delta, admitted
 
 
 def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:

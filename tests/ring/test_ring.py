@@ -292,20 +292,20 @@ def test_a_full_ring_names_its_largest_free_stretch(steps: str, largest: int) ->
 
 def test_an_input_copy_may_not_read_bytes_a_failed_output_left() -> None:
     """Bytes an output copy failed to write are never readable (D2H-3), not even by an input
-    copy: check_source refuses them; check_dest refuses released bytes (RING-3)."""
+    copy: check_copy refuses them for either copy once released (RING-3)."""
     ring = HostRing(16)
     r = ring.reserve(8)
     ring.begin_write(r)
     ring.end_write(r, valid=False)
     with pytest.raises(OutputNotReadyError) as failed:
-        ring.check_source(r)
+        ring.check_copy(r, True)
     assert failed.value.rule == "D2H-3"
     before = ring.state()
     ring.release(r)  # the worker gives the failed bytes back
     assert ring.state() != before and ring.released(r)
-    for check in (ring.check_dest, ring.check_source):
+    for into_device in (False, True):
         with pytest.raises(RangeError) as gone:
-            check(r)
+            ring.check_copy(r, into_device)
         assert gone.value.rule == "RING-3"
 
 
@@ -316,41 +316,48 @@ def test_a_host_range_holds_plain_ints_and_does_not_print_its_ring() -> None:
     assert repr(r) == "HostRange(start=4, nbytes=8)"
 
 
-@pytest.mark.parametrize("check", ["check_source", "check_dest"])
-def test_a_copys_host_check_refuses_what_is_not_a_live_range_of_this_ring(check: str) -> None:
+@pytest.mark.parametrize("into_device", [True, False])
+def test_a_copys_host_check_refuses_what_is_not_a_live_range_of_this_ring(into_device: bool) -> None:
     ring, other = HostRing(64), HostRing(64)
     live, elsewhere = ring.reserve(8), other.reserve(8)
     before = ring.snapshot()
     for bad in (object(), None, "range", elsewhere):
         with pytest.raises(RangeError) as info:
-            getattr(ring, check)(bad)
+            ring.check_copy(bad, into_device)
         assert info.value.rule == "RANGE-1"
     assert ring.snapshot() == before  # a check changes nothing
     ring.release(live)
     with pytest.raises(RangeError) as info:
-        getattr(ring, check)(live)
+        ring.check_copy(live, into_device)
     assert info.value.rule == "RING-3"
 
 
-def test_the_one_call_liveness_test_agrees_with_the_full_check_on_every_range() -> None:
-    """A copy's host check first asks `_live` (one bisect, the per-call path) and only on False
-    the full check: `_live` must be True for every range the full check accepts, in whichever
-    span it lies, and False, never just falsy, for every other."""
-    ring, other = HostRing(64), HostRing(64)
+def test_a_copys_one_bisect_liveness_test_agrees_with_the_full_check_on_every_range() -> None:
+    """A copy's host check asks one bisect first (the per-call path) and the full check only when
+    it fails: it accepts exactly the ranges the full check accepts, in whichever span they lie."""
+    ring = HostRing(64)
     spans = [ring.reserve(8) for _ in range(4)]  # [0, 8) [8, 16) [16, 24) [24, 32)
     ring.release(spans[1])  # live: [0, 8), [16, 24), [24, 32)
+    accepted = []
     for start in range(0, 40):
         for nbytes in range(1, 12):
             r = HostRange(ring, start, nbytes)
             try:
                 ring._check_live(r, "RING-3")
-                accepted = True
+                full = True
             except RangeError:
-                accepted = False
-            assert ring._live(r) is accepted, (start, nbytes)
-    assert ring._live(HostRange(ring, 16, 8)) is True  # a whole span after the first
-    for foreign in (other.reserve(8), object(), None):
-        assert ring._live(foreign) is False  # type: ignore[arg-type]
+                full = False
+            for into_device in (True, False):
+                try:
+                    ring.check_copy(r, into_device)
+                    quick = True
+                except RangeError as e:
+                    assert e.rule == "RING-3"
+                    quick = False
+                assert quick is full, (start, nbytes, into_device)
+            if full:
+                accepted.append((start, nbytes))
+    assert (16, 8) in accepted and (24, 8) in accepted and (8, 8) not in accepted and (20, 8) not in accepted
 
 
 @pytest.mark.parametrize("timeout", [None, 0.0, 0])

@@ -11,6 +11,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,13 @@ def test_a_committed_range_is_nobodys_until_taken(ring_of: Callable[[int], HostR
     r, other = fill(ring, b"0123456789"), fill(ring, b"xy")
     ring.commit(r)
     before = ring.snapshot()
-    for call in (ring.view, ring.release, ring.commit, ring.check_source, ring.check_dest):
+    for call in (
+        ring.view,
+        ring.release,
+        ring.commit,
+        partial(ring.check_copy, into_device=True),
+        partial(ring.check_copy, into_device=False),
+    ):
         with refused("RING-4"):
             call(r)
     with refused("RING-4"):
@@ -181,7 +188,7 @@ def test_a_replaced_consumer_is_fenced_and_changes_nothing(shared: Callable[...,
     for call in (old.take, old.consume):
         with refused("GEN-2"):
             call()
-    for touch in (old.view, old.check_source, old.check_dest):
+    for touch in (old.view, partial(old.check_copy, into_device=True), partial(old.check_copy, into_device=False)):
         with refused("GEN-2"):
             touch(held)
     with refused("GEN-2"):
