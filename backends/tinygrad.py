@@ -178,10 +178,13 @@ class TinygradBackend:
         self.trim()  # a new generation (often after a fault) starts from tinygrad's own memory
 
     def alloc(self, nbytes: int, dtype: str) -> object:
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if pooled := self._pool.get(nbytes):
                 self._pooled_bytes -= nbytes
                 return pooled.pop()
+        finally:
+            self._lock.release()
         self._reap()
         try:
             buf = tg.allocate(self.device, nbytes)
@@ -491,7 +494,8 @@ class TinygradBackend:
         """Keep a freed Buffer no work uses any more for the next allocation of its size, while
         the bounds allow and no view was ever made over it; else drop it (to tinygrad)."""
         nbytes = buf.size  # a uint8 Buffer (tg.allocate): its size is its bytes
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if id(buf) in self._viewed:
                 self._viewed.discard(id(buf))
                 return
@@ -499,6 +503,8 @@ class TinygradBackend:
             if len(pooled) < POOL_PER_SIZE and self._pooled_bytes + nbytes <= POOL_MAX_BYTES:
                 pooled.append(buf)
                 self._pooled_bytes += nbytes
+        finally:
+            self._lock.release()
 
     def _reap(self) -> None:
         if not self._parked:  # (a racy read: a buffer parked meanwhile waits for the next call)

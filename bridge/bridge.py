@@ -178,7 +178,8 @@ class Bridge:
             RangeError: ALLOC-1, for an extent that is not a positive whole number of items
                 (no backend call).
             DeviceAllocationError: ALLOC-2, when the backend cannot allocate (nothing leaked)."""
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if self._core.unapplied or self._core.collected:  # what arrived while no call ran, first
                 self._engine.drain()
             if type(spec) is not ObjectSpec:
@@ -202,6 +203,8 @@ class Bridge:
             handle = DeviceHandle(record.id, record.generation, size, spec, self._owner, seal)
             record.handle = handle
             return handle
+        finally:
+            self._lock.release()
 
     def free_device(self, handle: DeviceHandle) -> None:
         """Free the allocation: now, or as soon as no copy, compute or view uses it (FREE-1).
@@ -216,7 +219,8 @@ class Bridge:
             InvalidHandleError: FREE-2, for a handle already freed.
             DeviceFreeError: FREE-3, when the backend fails to free now (reported once, never
                 retried; the handle is dead anyway)."""
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if self._core.unapplied or self._core.collected:  # what arrived while no call ran, first
                 self._engine.drain()
             key, _ = self._resolve(handle)
@@ -225,6 +229,8 @@ class Bridge:
                 self._counts["deferred_frees"] += 1
             elif failure := self._engine.free(record):
                 raise DeviceFreeError("FREE-3", failure)
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------ copies
 
@@ -677,7 +683,8 @@ class Bridge:
         same path with no plan to make."""
         into_device = kind == "copy_in"
         core, engine = self._core, self._engine
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if core.unapplied or core.collected:  # what arrived while no call ran, first
                 engine.drain()
             if type(host) is not HostRange and not isinstance(host, HostRange):
@@ -727,6 +734,8 @@ class Bridge:
             else:
                 ring.begin_write(host)
             return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
+        finally:
+            self._lock.release()
 
     def _compute(self, handles: tuple[DeviceHandle, ...]) -> ComputeEvent | Blocked:
         """A compute on `handles`, checked and marked on the backend, or Blocked on the first copy

@@ -206,7 +206,8 @@ class HostRing:
         wait = 0.0 if no_wait else None if timeout is None else as_seconds(timeout, "a reservation's timeout")
         if n > self.capacity:
             raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             start = self._fit(n)
             if start is None and wait != 0:
                 start = self._wait_for_room(n, wait)
@@ -216,6 +217,8 @@ class HostRing:
             self._ends.append(start + n)
             self._head = start + n
             return made_range(self, start, n)
+        finally:
+            self._lock.release()
 
     def write(self, r: HostRange, data: Any) -> None:
         """Copy `data` into the bytes of `r`.
@@ -542,7 +545,8 @@ class HostRing:
     def check_copy(self, r: HostRange, into_device: bool) -> None:
         """A copy may use `r`: an input copy (`into_device`) read it (RING-3, D2H-3), an output
         copy write it (RING-3). Changes nothing."""
-        with self._lock:
+        self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+        try:
             if type(r) is not HostRange or r.ring is not self or self._records:
                 self._check_live(r, "RING-3")  # (a taken record's range: its own checks)
             else:  # one unreleased span holds it (the per-call path: `_check_live`'s test, no call)
@@ -556,6 +560,8 @@ class HostRing:
                     raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
             elif (self._reads and _overlaps(self._reads, r)) or (self._writes and _overlaps(self._writes, r)):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
+        finally:
+            self._lock.release()
 
     def raw(self, r: HostRange) -> memoryview:
         """The bytes of `r` with no checks: for the Bridge, after `check_copy`."""
@@ -579,11 +585,14 @@ class HostRing:
     def read_done(self, r: HostRange, release: bool) -> None:
         """A synchronous input copy read `r` (begin_read and end_read in one)."""
         if release:
-            with self._lock:
+            self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
+            try:
                 if self._reads:
                     self._release_read(r)
                 else:  # no other input copy reads any byte: all of `r` goes (the per-call path)
                     self._cut_span(r.start, r.start + r.nbytes)
+            finally:
+                self._lock.release()
 
     def _release_read(self, r: HostRange) -> None:
         pieces = [(r.start, r.start + r.nbytes)]

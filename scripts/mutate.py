@@ -562,7 +562,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
         print(f"{len(mutants)} mutants")
         return 0
-    log.write_text("".join(_row(r) + "\n" for r in kept))
+    others = (
+        [line for line in log.read_text().splitlines() if json.loads(line)["file"] not in args.files]
+        if log.exists()
+        else []
+    )
+    log.write_text(
+        "".join(line + "\n" for line in others) + "".join(_row(r) + "\n" for r in kept)
+    )  # (other files' rows stay)
     listed = load_equivalents(EQUIVALENT)
 
     work = Path(tempfile.mkdtemp(prefix="devbridge-mutate-"))
