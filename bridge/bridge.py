@@ -262,9 +262,10 @@ class Bridge:
         if type(sync) is not bool or type(release) is not bool:  # (one test on the per-call path)
             flag("sync", sync)
             flag("release", release)
-        args = ("copy_in", src, dst, src, dst, sync, not release)
-        event = self._copy(*args)
-        return self._unblocked(event, self._copy, *args) if isinstance(event, Blocked) else event
+        event = self._copy("copy_in", src, dst, src, dst, sync, not release)
+        if isinstance(event, Blocked):  # behind uses in flight: wait for them, then again
+            return self._unblocked(event, lambda: self._copy("copy_in", src, dst, src, dst, sync, not release))
+        return event
 
     def device_to_host(self, src: DeviceRange, dst: HostRange, *, sync: bool = True) -> CopyEvent:
         """Copy exactly `src` into exactly `dst` (D2H-1), after every earlier use that
@@ -291,9 +292,10 @@ class Bridge:
                 event carries it)."""
         if type(sync) is not bool:  # (one test on the per-call path)
             flag("sync", sync)
-        args = ("copy_out", dst, src, src, dst, sync, False)
-        event = self._copy(*args)
-        return self._unblocked(event, self._copy, *args) if isinstance(event, Blocked) else event
+        event = self._copy("copy_out", dst, src, src, dst, sync, False)
+        if isinstance(event, Blocked):  # behind uses in flight: wait for them, then again
+            return self._unblocked(event, lambda: self._copy("copy_out", dst, src, src, dst, sync, False))
+        return event
 
     def upload(
         self, handle: DeviceHandle, array: Any, *, offset: int = 0, ring: HostRing | None = None, sync: bool = True
@@ -364,7 +366,9 @@ class Bridge:
             OrderingError: ORDER-2, when a copy it must wait for would wait on an open block.
             ComputeError: COMPUTE-F, when the backend cannot mark the compute."""
         event = self._compute(handles)
-        return self._unblocked(event, self._compute, handles) if isinstance(event, Blocked) else event
+        if isinstance(event, Blocked):  # behind copies in flight: wait for them, then again
+            return self._unblocked(event, lambda: self._compute(handles))
+        return event
 
     def wrap_for_tinygrad(self, handle: DeviceHandle, view: TensorViewSpec) -> Tensor:
         """A zero-copy tinygrad Tensor over the allocation (VIEW-1). While it, or
@@ -694,7 +698,7 @@ class Bridge:
             record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
             ring = host.ring
             ring.check_copy(host, into_device)
-            before: list[InFlight] = []
+            before: list[InFlight] | None = None
             if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
                 span = (device.offset, device.offset + device.nbytes)
                 plan = core.plan(kind, [(record.id, record.generation)], span, sync)
@@ -727,7 +731,7 @@ class Bridge:
                 return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
             span = (device.offset, device.offset + device.nbytes)
             use = core.begin(
-                kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before
+                kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before or []
             )
             if into_device:
                 ring.begin_read(host)
@@ -759,14 +763,14 @@ class Bridge:
             self._track(use, event)
             return event
 
-    def _unblocked(self, blocked: Blocked, attempt: Callable[..., Done | Blocked], *args: Any) -> Done:
+    def _unblocked(self, blocked: Blocked, again: Callable[[], Done | Blocked]) -> Done:
         """The one wait of a synchronous call behind uses in flight (ORDER-1): wait for the use it
-        is blocked on, outside the lock, then make the call again from its checks, as often as
+        is blocked on, outside the lock, then make the call `again` from its checks, as often as
         it takes."""
         outcome: Done | Blocked = blocked
         while isinstance(outcome, Blocked):
             self._engine.wait_for(outcome.event)
-            outcome = attempt(*args)
+            outcome = again()
         return outcome
 
     def _device_step(self, kind: str, device: object, nbytes: int | None, rule: str) -> tuple[Allocation, Composite]:
