@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -414,8 +416,7 @@ def coverage_map(base: Path) -> tuple[dict[str, dict[int, set[str]]], dict[str, 
     cmd, env = pytest_cmd(base, *ignore, "-p", "mutate_context", f"--junitxml={base / 'baseline.xml'}")
     cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", *cmd[2:]]
     env["PYTHONPATH"] += os.pathsep + str(base / "scripts")  # the context plugin
-    run = subprocess.run(cmd, cwd=base, env={**env, "COVERAGE_FILE": str(base / ".coverage")}, text=True,
-                         capture_output=True)  # fmt: skip
+    run = run_group(cmd, base, {**env, "COVERAGE_FILE": str(base / ".coverage")}, None)
     if run.returncode != 0:
         sys.exit(f"the unmutated tests fail in the copy; fix that first:\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
     subprocess.run(
@@ -497,13 +498,50 @@ class Result:
     seconds: float = 0.0
 
 
+#: The process groups of the runs in flight: each run and every process its tests start.
+RUNNING: set[int] = set()
+#: Set when the run is stopped: a test run it cut short is no outcome.
+STOPPING = threading.Event()
+
+
+class Stopped(Exception):
+    """A test run ended by stopping the mutation run."""
+
+
+def run_group(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in a process group of its own; when it ends, times out (TimeoutExpired) or the
+    run is stopped, the whole group goes with it: a test's child processes too, never left behind.
+    Its output goes to files, which a process it left behind cannot hold open the way a pipe is."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=out, stderr=err, start_new_session=True)
+        RUNNING.add(proc.pid)
+        try:
+            proc.wait(timeout)
+            if STOPPING.is_set():
+                raise Stopped(cmd)
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+            RUNNING.discard(proc.pid)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[str, str]:
     target = copy / m.file  # (the file the copy's package links to)
     original = target.read_text()
     target.write_text(m.apply(original))
     try:
         cmd, env = pytest_cmd(copy, "-x", "-o", "addopts=--import-mode=importlib", "-rf", *tests)
-        run = subprocess.run(cmd, cwd=copy, env=env, text=True, capture_output=True, timeout=timeout)
+        run = run_group(cmd, copy, env, timeout)
     except subprocess.TimeoutExpired:
         return "timeout", f"no result in {timeout:.0f} s"
     finally:
@@ -627,7 +665,14 @@ def main(argv: list[str] | None = None) -> int:
 
     finished: list[Mutant] = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = kept + list(pool.map(job, mutants))
+        try:
+            results = kept + list(pool.map(job, mutants))
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): the runs in flight end now, unlogged
+            STOPPING.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for group in list(RUNNING):
+                kill_group(group)
+            raise
     ran = {r.mutant.key for r in results}
     stale = sorted(k for k in listed if k not in ran and k.split("::")[0] in args.files)  # of the files run
     report = render(results, stale, time.monotonic() - started)
@@ -698,4 +743,10 @@ def render(results: list[Result], stale: list[str], seconds: float, of: int | No
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stops as Ctrl-C does
+    try:
+        sys.exit(main())
+    finally:
+        STOPPING.set()
+        for group in list(RUNNING):  # (the coverage run's, when stopped before the mutants)
+            kill_group(group)

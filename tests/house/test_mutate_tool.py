@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -218,3 +221,36 @@ def test_a_copy_imports_its_own_package_where_its_mutants_are_made(mutate: Modul
     env = {**os.environ, "PYTHONPATH": str(copy)}
     run = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True)
     assert run.stdout.split() == [str(target.resolve()), "True", str(copy.resolve())], run.stderr
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (gone, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("timeout", [30.0, 0.5])
+def test_a_test_run_ends_every_process_it_started(mutate: ModuleType, tmp_path: Path, timeout: float) -> None:
+    """A mutant's tests start processes (the ring's kill tests do): when its run ends, or times
+    out, those end with it, so a run never leaves work behind to slow the next."""
+    pidfile = tmp_path / "grandchild"
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); "
+        f"time.sleep({2 * timeout if timeout < 1 else 0})"
+    )
+    if timeout < 1:
+        with pytest.raises(subprocess.TimeoutExpired):
+            mutate.run_group([sys.executable, "-c", code], tmp_path, dict(os.environ), timeout)
+    else:
+        assert mutate.run_group([sys.executable, "-c", code], tmp_path, dict(os.environ), timeout).returncode == 0
+    pid = int(pidfile.read_text())
+    for _ in range(100):  # (a killed process is gone a moment after its signal)
+        if _gone(pid):
+            break
+        time.sleep(0.05)
+    assert _gone(pid), f"process {pid} outlived its run"
+    assert not mutate.RUNNING
