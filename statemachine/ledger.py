@@ -15,7 +15,7 @@ import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 from devbridge.errors import BridgeError, InvalidHandleError, LifecycleError
 from devbridge.spec import LEVELS, Lifecycle, level
@@ -36,7 +36,7 @@ from devbridge.statemachine.records import (
 
 #: What `fire` does in one case: the table's step, the counter it moves (None: neither), by how
 #: much, and whether the state it leads to admits the counts after it.
-Firing = tuple[Step, str | None, int, bool]
+Firing: TypeAlias = "tuple[Step, str | None, int, bool]"
 
 
 class Ledger:
