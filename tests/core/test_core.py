@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from unittest import mock
 
 import pytest
@@ -369,6 +370,26 @@ def test_every_copy_a_call_can_meet_is_made_with_the_table_a_step_or_its_refusal
     with refused("USE-1"):  # the table refuses a copy there: its rule, nothing changed
         core.copy_step(rec, "copy_in")
     assert core.copy_steps[("free_pending", "copy_in", 1, 0)] == "USE-1" and use.id == 5
+
+
+def test_a_copy_on_counts_its_state_does_not_admit_is_refused_by_the_tables_rule() -> None:
+    """No step is made for counts a state does not admit (only a bug leaves a record so):
+    `copy_step` composes one then, from the table, and where the table refuses the copy it
+    raises the rule's error, as for admitted counts, and changes nothing."""
+    core = LifecycleCore()
+    refused_in: set[str] = set()
+    for state, kind, c, k in itertools.product(core.spec.states, ("copy_in", "copy_out"), range(3), range(3)):
+        rule = core.table.lookup(state, "copy_begin", c, k).rule
+        if core.spec.states[state].admits(c, k) or rule is None:
+            continue
+        rec = core.add(8, spec=None, memory="m")
+        rec.state, rec.copies, rec.computes = state, c, k
+        with pytest.raises(BridgeError) as refusal:
+            core.copy_step(rec, kind)
+        assert refusal.value.rule == rule, (state, kind, c, k)
+        assert (rec.state, rec.copies, rec.computes) == (state, c, k)
+        refused_in.add(state)
+    assert refused_in == {"free_pending", "freed", "stale_pending", "stale"}
 
 
 def test_a_step_that_breaks_the_states_counts_is_an_invariant_violation_every_time() -> None:
