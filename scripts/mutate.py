@@ -600,14 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.file}:{m.line}: {m.kind}: {m.original!r} -> {m.mutated!r}  [{m.function}]")
         print(f"{len(mutants)} mutants")
         return 0
-    others = (
-        [line for line in log.read_text().splitlines() if json.loads(line)["file"] not in args.files]
-        if log.exists()
-        else []
-    )
-    log.write_text(
-        "".join(line + "\n" for line in others) + "".join(_row(r) + "\n" for r in kept)
-    )  # (other files' rows stay)
+    restart_log(log, args.files, kept)
     listed = load_equivalents(EQUIVALENT)
 
     work = Path(tempfile.mkdtemp(prefix="devbridge-mutate-"))
@@ -685,6 +678,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the equivalent list is wrong: {len(wrong)} entries disproved, {len(stale)} match no mutant")
         return 1
     return 0
+
+
+def restart_log(log: Path, files: list[str], kept: list[Result]) -> None:
+    """The log a run starts from: the rows of the files it does not run, as they are, then the
+    reusable rows of the files it runs (`kept`); what it runs is appended as it finishes."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    others = [line for line in lines if json.loads(line)["file"] not in files]
+    log.write_text("".join(line + "\n" for line in others) + "".join(_row(r) + "\n" for r in kept))
 
 
 def reusable(m: Mutant, log: dict[str, dict[str, str]], resume: bool) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -254,3 +255,20 @@ def test_a_test_run_ends_every_process_it_started(mutate: ModuleType, tmp_path: 
         time.sleep(0.05)
     assert _gone(pid), f"process {pid} outlived its run"
     assert not mutate.RUNNING
+
+
+def test_a_run_of_some_files_keeps_the_logged_rows_of_the_others(mutate: ModuleType, tmp_path: Path) -> None:
+    """`--files F --resume` starts its log from F's reusable rows and every other file's rows as
+    they were: a run of one file never loses another's outcomes."""
+    root = SCRIPT.parent.parent
+    events, ring = (mutate.mutants_of(f, (root / f).read_text())[:2] for f in ("bridge/events.py", "ring/host.py"))
+    log = tmp_path / "log.jsonl"
+    rows = [mutate.Result(m, "killed", "tests/x.py::test_y") for m in (*events, *ring)]
+    log.write_text("".join(mutate._row(r) + "\n" for r in rows))
+    mutate.restart_log(log, ["bridge/events.py"], rows[:1])
+    after = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["file"], r["key"]) for r in after] == [
+        ("ring/host.py", ring[0].key),
+        ("ring/host.py", ring[1].key),
+        ("bridge/events.py", events[0].key),
+    ]
