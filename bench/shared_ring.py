@@ -9,7 +9,9 @@
 - How soon a `take` waiting on an empty shared ring returns after a commit in another process
   (median and 99th percentile, one monotonic clock).
 
-Producer processes are started (`spawn`) before the clock starts and wait for a go.
+Producer processes are started (`spawn`) before the clock starts and wait for a go, once they
+use no CPU beside their main thread: numpy's BLAS threads spin for a while after import
+(OpenBLAS's thread timeout), and on a small machine that spin takes a core from the run timed.
 
 Its rows are part of `devbridge bench` (`--only ring` for them alone).
 """
@@ -61,9 +63,21 @@ def _produce(ring: HostRing, count: int, nbytes: int, work: bool, first: int = 0
         ring.commit(r)
 
 
+def settle() -> None:
+    """Return once this process has used no CPU for a 20 ms nap (at most 1 s): its threads idle."""
+    used = sum(os.times()[:2])
+    for _ in range(50):
+        time.sleep(0.02)
+        now = sum(os.times()[:2])
+        if now - used < 0.005:  # (less than one clock tick)
+            return
+        used = now
+
+
 def _producer_process(name: str, count: int, nbytes: int, work: bool, first: int, ready: Any, go: Any) -> None:
     ring = HostRing.attach(name)
     make_object(0)  # numpy imported and warm before the clock starts
+    settle()
     ready.set()
     go.wait()
     _produce(ring, count, nbytes, work, first)
@@ -123,6 +137,7 @@ def in_process(nbytes: int, count: int, producers: int = 1, work: bool = False) 
 
 def _stamper(name: str, rounds: int, gap_s: float, go: Any) -> None:
     ring = HostRing.attach(name)
+    settle()
     go.wait()
     for _ in range(rounds):
         time.sleep(gap_s)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import time
-from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 
@@ -55,6 +55,7 @@ _LAYOUT = 2
 _SLEEPERS = {_H_COMMITS: _H_TAKE_SLEEPERS, _H_RELEASES: _H_RESERVE_SLEEPERS}
 _HEADER_WORDS = 32
 _SLOT_WORDS = 8
+_SLOT = struct.Struct("=8q")  # a slot's words, written at once
 _S_START, _S_NBYTES, _S_PID, _S_PSTART, _S_CHECK, _S_SEQ, _S_STATE, _S_FREED = range(8)
 #: A reservation's state word (spec/ring.toml): live (reserved, committed or taken: the sequence
 #: numbers tell them apart), released, reclaimed.
@@ -76,6 +77,10 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+def _seconds(timeout: object, what: str) -> float | None:
+    return None if timeout is None else as_seconds(timeout, what)
 
 
 def _check_word(start: int, nbytes: int, pid: int, pstart: int) -> int:
@@ -204,8 +209,11 @@ class SharedRing(HostRing):
 
     def _window(self) -> tuple[int, int]:
         """`tail` and `count`: the reservations from the oldest live one to the newest."""
-        count = self._word(_H_COUNT)
-        tail = self._word(_H_TAIL, max(count - self._slots, 0), count)
+        words = self._words
+        count, tail = words[_H_COUNT], words[_H_TAIL]
+        if not (0 <= count <= _BIG and count - self._slots <= tail <= count and tail >= 0):
+            count = self._word(_H_COUNT)  # (SHM-1, naming the word)
+            tail = self._word(_H_TAIL, max(count - self._slots, 0), count)
         return tail, count
 
     def _fixed_fields(self, index: int) -> tuple[int, int, int, int]:
@@ -237,9 +245,12 @@ class SharedRing(HostRing):
 
     def _slot(self, index: int) -> tuple[int, int, int, int, int, int]:
         """Reservation `index`'s start, size, owner (pid and start time), sequence number and state."""
-        state = self._state(index)
-        seq = self._words[self._table_at + (index % self._slots) * _SLOT_WORDS + _S_SEQ]
-        return (*self._fixed_fields(index), seq, state)
+        base = self._table_at + (index % self._slots) * _SLOT_WORDS
+        state = self._words[base + _S_STATE]
+        if state != _RESERVED and state != _RELEASED and state != _RECLAIMED:
+            self._state(index)  # (SHM-1)
+        fixed = self._fixed.get(index) or self._fixed_fields(index)
+        return (*fixed, self._words[base + _S_SEQ], state)
 
     def _committed_seq(self, index: int, seq: int) -> bool:
         """Whether reservation `index` holds sequence number `seq` (< next_seq): its commit is done."""
@@ -267,7 +278,9 @@ class SharedRing(HostRing):
         """`tail` and `count` once the reservations `released` are: the tail past every released
         one. Reads only (a call checks every word it reads before it writes any)."""
         tail, count = self._window()
-        while tail < count and (tail in released or self._state(tail) != _RESERVED):
+        words, at, slots = self._words, self._table_at + _S_STATE, self._slots
+        while tail < count and (tail in released or words[at + (tail % slots) * _SLOT_WORDS] != _RESERVED):
+            self._state(tail)  # (SHM-1 for a word in no state)
             tail += 1
         return tail, count
 
@@ -306,8 +319,9 @@ class SharedRing(HostRing):
             raise InvalidArgumentError("ARG-1", f"ring {self.name!r} was attached by process {self._pid}: attach again")
 
     def _check_fence(self) -> None:
-        self._check_open()
-        if self._fenced():
+        if self._closed or self._forks != _forks:
+            self._check_open()
+        if self._consumer is not None and self._words[_H_GENERATION] != self._consumer:  # (_fenced)
             raise StaleHandleError(
                 "GEN-2",
                 f"ring {self.name!r}: consumer generation {self._consumer} was replaced by generation "
@@ -355,11 +369,11 @@ class SharedRing(HostRing):
         n = nbytes if type(nbytes) is int else as_count(nbytes)
         if n is None or n <= 0:
             raise RangeError("RANGE-1", f"reservation size must be a positive int, got {short(nbytes)}")
-        wait = None if timeout is None else as_seconds(timeout, "a reservation's timeout")
+        wait = timeout if type(timeout) is float and timeout >= 0 else _seconds(timeout, "a reservation's timeout")
         if n > self.capacity:
             raise RingFullError("RING-2", f"reserving {n} B: larger than the ring's capacity of {self.capacity} B")
         deadline = None if wait is None else time.monotonic() + wait
-        me = self._me()
+        me = self.process or self._owner  # (_me)
         while True:
             seen = self._words[_H_RELEASES] & 0xFFFFFFFF
             with self._lock:
@@ -394,8 +408,12 @@ class SharedRing(HostRing):
         tail, count = self._live_window()
         if count - tail == self._slots:
             return None  # every slot holds a live reservation
-        head = self._shared_head(count)
-        oldest = self._oldest(tail, count)
+        if count:
+            last = self._fixed.get(count - 1) or self._fixed_fields(count - 1)
+            head = last[0] + last[1]  # (_shared_head)
+        else:
+            head = 0
+        oldest = self._oldest(tail, count) if tail != count else head
         if not 0 <= head - oldest <= self.capacity:
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: head {head} and oldest byte {oldest} are no ring")
         pos = head % self.capacity
@@ -404,11 +422,12 @@ class SharedRing(HostRing):
             oldest = start  # nothing is live: bytes skipped at the lap's end are free, the whole ring is
         if start + n - oldest > self.capacity:
             return None
-        base = self._table_at + (count % self._slots) * _SLOT_WORDS
         pid, pstart = me
-        self._words[base : base + _SLOT_WORDS] = memoryview(
-            array("q", [start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED, 0])
-        )
+        _SLOT.pack_into(
+            self._segment.map,
+            (self._table_at + (count % self._slots) * _SLOT_WORDS) * 8,
+            start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED, 0,
+        )  # fmt: skip
         self._words[_H_TAIL] = tail
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
         self._fixed[count] = (start, n, pid, pstart)
@@ -444,7 +463,10 @@ class SharedRing(HostRing):
 
     def _check_own(self, record: _Record) -> None:  # the segment locked
         """This process's reservation `record` is still its own and live in the segment."""
-        slot_start, _, pid, pstart = self._fixed_fields(record.slot)
+        slot_start, _, pid, pstart = self._fixed.get(record.slot) or self._fixed_fields(record.slot)
+        state = self._words[self._table_at + (record.slot % self._slots) * _SLOT_WORDS + _S_STATE]
+        if slot_start == record.start and (pid, pstart) == (self.process or self._owner) and state == _RESERVED:
+            return
         span = f"[{record.start}, {record.end})"
         if slot_start != record.start or (pid, pstart) != self._me():
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: the slot of {span} holds another range")
@@ -454,11 +476,14 @@ class SharedRing(HostRing):
     def _commit_words(self, record: _Record, source: int) -> int:  # the segment locked, the record checked
         """Commit reservation `record` in the segment, as the output of input record `source - 1`
         (0: of none); its sequence number."""
-        seq = self._word(_H_NEXT_SEQ)
-        self._words[self._table_at + (record.slot % self._slots) * _SLOT_WORDS + _S_SEQ] = seq
-        self._words[self._commits_at + seq % self._slots] = record.slot
-        self._words[self._sources_at + seq % self._slots] = source
-        self._words[_H_NEXT_SEQ] = seq + 1  # committed from here on
+        words, slots = self._words, self._slots
+        seq = words[_H_NEXT_SEQ]
+        if not 0 <= seq <= _BIG:
+            self._word(_H_NEXT_SEQ)  # (SHM-1)
+        words[self._table_at + (record.slot % slots) * _SLOT_WORDS + _S_SEQ] = seq
+        words[self._commits_at + seq % slots] = record.slot
+        words[self._sources_at + seq % slots] = source
+        words[_H_NEXT_SEQ] = seq + 1  # committed from here on
         return seq
 
     def _forget(self, record: _Record) -> None:  # the lock held
@@ -602,7 +627,7 @@ class SharedRing(HostRing):
     def take(self, timeout: float | None = None) -> HostRange:
         if self._closed or self._forks != _forks:
             self._check_open()
-        wait = None if timeout is None else as_seconds(timeout, "take's timeout")
+        wait = timeout if type(timeout) is float and timeout >= 0 else _seconds(timeout, "take's timeout")
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             seen = self._words[_H_COMMITS] & 0xFFFFFFFF
@@ -634,13 +659,19 @@ class SharedRing(HostRing):
 
     def _take_now(self) -> _Record | None:  # both locks held
         """The next record to take, taken in the segment, or None when there is none."""
-        next_seq = self._word(_H_NEXT_SEQ)
-        seq = taken = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
+        words, slots = self._words, self._slots
+        next_seq, seq = words[_H_NEXT_SEQ], words[_H_TAKE_SEQ]
+        if not (0 <= next_seq <= _BIG and 0 <= seq <= next_seq and next_seq - slots <= seq):
+            next_seq = self._word(_H_NEXT_SEQ)  # (SHM-1, naming the word)
+            seq = self._word(_H_TAKE_SEQ, max(next_seq - slots, 0), next_seq)
+        taken = seq
         if seq == next_seq:
             return None  # nothing committed that was not taken
         tail, count = self._window()
         while seq < next_seq:
-            index = self._word(self._commits_at + seq % self._slots, 0, count - 1)
+            index = words[self._commits_at + seq % slots]
+            if not 0 <= index < count:
+                self._word(self._commits_at + seq % slots, 0, count - 1)  # (SHM-1)
             seq += 1
             if index < tail:
                 continue  # released, and the ring's tail passed it (after a rewind)
@@ -664,6 +695,16 @@ class SharedRing(HostRing):
     # ------------------------------------------------------------ releases
 
     def _cut_span(self, start: int, end: int) -> None:  # the lock held
+        record = self._records.get(start)
+        if record is not None and record.end == end:  # a whole record or reservation (the usual case)
+            i = bisect_right(self._starts, start) - 1
+            if i >= 0 and self._starts[i] == start and self._ends[i] == end:  # none of it released before
+                del self._starts[i], self._ends[i], self._records[start]
+                self._record_starts.remove(start)
+                self._record_released(record)
+                if self._waiting:
+                    self._freed.notify_all()
+                return
         super()._cut_span(start, end)
         record = self._record_at(start, end)
         if record is not None and record.seq < 0 and record.start < self._first_unreleased(record):
@@ -698,6 +739,12 @@ class SharedRing(HostRing):
         # (every call on a range asks: view, release, commit, a copy's checks; on a shared ring
         # every live range is a record, so `check_copy`'s per-call test never skips this)
         self._check_fence()
+        if type(r) is HostRange and r.ring is self:  # the usual case: a range of a record it may use
+            record, end = self._records.get(r.start), r.start + r.nbytes
+            if record is not None and (record.seq < 0 or record.taken) and end <= record.end:
+                i = bisect_right(self._starts, r.start) - 1
+                if i >= 0 and end <= self._ends[i]:  # in one unreleased span (HostRing._find)
+                    return
         try:
             super()._check_live(r, rule)
         except RangeError:
