@@ -15,6 +15,7 @@ from devbridge.errors import ComputeError as ComputeError
 from devbridge.errors import DeviceAllocationError as DeviceAllocationError
 from devbridge.errors import DeviceCopyError as DeviceCopyError
 from devbridge.errors import DeviceFreeError as DeviceFreeError
+from devbridge.errors import HostBytesChangedError as HostBytesChangedError
 from devbridge.errors import InvalidArgumentError as InvalidArgumentError
 from devbridge.errors import InvalidHandleError as InvalidHandleError
 from devbridge.errors import InvalidSpecError as InvalidSpecError

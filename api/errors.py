@@ -66,6 +66,17 @@ class OutputNotReadyError(BridgeError):
     """Host bytes were read before their device-to-host copy completed, or after it failed."""
 
 
+class HostBytesChangedError(RangeError, OutputNotReadyError):
+    """In the host-bytes checking mode: bytes a copy was given changed while the copy could still
+    read them (H2D-3), or an output's bytes changed between their copy's completion and the
+    worker's read or release (D2H-3). `range` is the host range, `offset` the first changed
+    byte's offset in it, `copy` the copy's name."""
+
+    def __init__(self, rule: str, message: str, *, copy: str = "", range: object = None, offset: int = -1) -> None:
+        super().__init__(rule, message)
+        self.copy, self.range, self.offset = copy, range, offset
+
+
 class ComputeError(BridgeError):
     """A compute event failed on the backend."""
 
@@ -121,6 +132,7 @@ ERRORS: dict[str, type[BridgeError]] = {
         DeviceCopyError,
         OutputCopyError,
         OutputNotReadyError,
+        HostBytesChangedError,
         ComputeError,
         BackendFailureError,
         DeviceFreeError,

@@ -96,9 +96,9 @@ def side_by_side(
 class CopyBench:
     """A bridge, a ring and an allocation of `nbytes`, beside a raw tinygrad Buffer of the same size."""
 
-    def __init__(self, device: str, nbytes: int) -> None:
+    def __init__(self, device: str, nbytes: int, check_host_bytes: bool = False) -> None:
         self.nbytes = nbytes
-        self.bridge = Bridge(TinygradBackend(device))
+        self.bridge = Bridge(TinygradBackend(device), check_host_bytes=check_host_bytes)
         self.ring = HostRing(max(4, (1 << 16) // nbytes) * nbytes)
         self.handle = self.bridge.alloc_device(SPEC, nbytes)
         self.target = DeviceRange(self.handle, 0, nbytes)
@@ -159,6 +159,18 @@ def copy_rows(device: str, rounds: int, quick: bool) -> list[Row]:
     path = "async host_to_device 64 B + wait() / sync 64 B"
     rows.append(timed_row(path, b.async_wait, b.sync, calls_for(64, quick), rounds, "<= 1.3"))
     b.check()
+    return rows
+
+
+def check_rows(device: str, rounds: int, quick: bool) -> list[Row]:
+    """The host-bytes checking mode's cost: a synchronous copy with it against one without."""
+    rows = []
+    for nbytes, goal in ((64, ""), (64 << 10, ""), (1 << 20, "<= 1.5"), (16 << 20, "")):
+        checked, plain = CopyBench(device, nbytes, check_host_bytes=True), CopyBench(device, nbytes)
+        path = f"sync host_to_device {size_label(nbytes)}, host bytes checked / unchecked"
+        calls = calls_for(nbytes, quick)
+        rows.append(timed_row(path, checked.sync, plain.sync, calls, rounds, goal, f"checked {size_label(nbytes)}"))
+        checked.check()
     return rows
 
 
@@ -314,6 +326,7 @@ def run(device: str, rounds: int, quick: bool, only: Sequence[str] = ()) -> list
         "worker": lambda: worker_rows(device, rounds, quick),
         "queue": lambda: queue_rows(rounds, quick),
         "ring": lambda: ring_rows(rounds, quick),
+        "check": lambda: check_rows(device, rounds, quick),
     }
     for name, part in parts.items():
         if not only or name in only:
@@ -373,7 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default 5)")
     parser.add_argument("--quick", action="store_true", help="few calls per round: checks that it runs, not speed")
     parser.add_argument(
-        "--only", action="append", choices=("copies", "alloc", "scaling", "worker", "queue", "ring"), default=[]
+        "--only",
+        action="append",
+        choices=("copies", "alloc", "scaling", "worker", "queue", "ring", "check"),
+        default=[],
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

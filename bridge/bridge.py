@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from devbridge.args import as_count, as_seconds, flag
 from devbridge.backends.base import Backend, BackendError
-from devbridge.bridge import aio, transfer
+from devbridge.bridge import aio, hostcheck, transfer
 from devbridge.bridge.engine import POLL_S, Engine, holder, log
 from devbridge.bridge.events import ComputeEvent, CopyEvent, Event, deadline, wait_done
 from devbridge.bridge.memory import MemoryStats
@@ -92,6 +92,7 @@ class Bridge:
         *,
         pending_warning_s: float = 60.0,
         trace: str | os.PathLike[str] | IO[str] | Trace | None = None,
+        check_host_bytes: bool | None = None,
     ) -> None:
         """A bridge over `backend` (any object with the Backend protocol's methods).
 
@@ -103,6 +104,12 @@ class Bridge:
                 path, a text file, or a `Trace` several bridges share; None (the default): none.
                 A trace the bridge opened is ended by `close_trace()` (or when the bridge is
                 collected).
+            check_host_bytes: the host-bytes checking mode (devbridge.bridge.hostcheck): every
+                copy's host bytes are fingerprinted when the call hands them over and when the
+                copy completes (an output's: when it completes and when the worker first reads,
+                commits or releases them), and a change fails the copy (HostBytesChangedError,
+                H2D-3 or D2H-3). None (the default): on when the environment variable
+                DEVBRIDGE_CHECK_HOST_BYTES is "1". Off, it costs nothing per call.
 
         Raises:
             InvalidArgumentError: ARG-1, for anything but a Backend, seconds >= 0, or a trace
@@ -111,12 +118,15 @@ class Bridge:
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise InvalidArgumentError("ARG-1", f"Bridge needs a Backend, got {short(backend)}")
         self.pending_warning_s = as_seconds(pending_warning_s, "pending_warning_s")
+        checking = hostcheck.wanted(check_host_bytes)
         self._core = LifecycleCore()
         self._records = self._core.records  # (the core's own, read per call)
         self._engine = engine = Engine(backend, self._core)  # what executes the core's decisions
         # the engine's parts this bridge's calls use directly (the same objects)
         self._backend, self._lock, self._counts, self._memory = backend, engine.lock, engine.counts, engine.memory
         self._watcher = engine.watcher
+        if checking:
+            engine.host_check = hostcheck.HostBytesCheck(engine.counts, engine.fault)
         self._owner = next(_owners)
         self._secret = secrets.randbits(64)  # seals the handles this bridge issues
         # the traffic, counted apart from `_counts`: once or twice on every copy
@@ -698,6 +708,8 @@ class Bridge:
             record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
             ring = host.ring
             ring.check_copy(host, into_device)
+            check = engine.host_check  # (the checking mode: None when off)
+            fingerprint = check.hand_over(host) if check is not None and into_device else None
             before: list[InFlight] | None = None
             if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
                 span = (device.offset, device.offset + device.nbytes)
@@ -711,6 +723,8 @@ class Bridge:
                     token = engine.copy(kind, record.memory, device.offset, host, sync)
                 except BackendError as e:
                     raise self._copy_failed(kind, host, src, dst, e) from e
+                if fingerprint is not None:
+                    self._checked(token, host, fingerprint, sync, src, dst)
             if into_device:
                 self._copies_in += 1
                 self._bytes_in += host.nbytes
@@ -728,6 +742,8 @@ class Bridge:
                     ring.read_done(host, not keep_host)
                 else:
                     ring.write_done(host)
+                    if check is not None:
+                        check.guard_output(host, f"device_to_host {src} -> {dst}")
                 return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
             span = (device.offset, device.offset + device.nbytes)
             use = core.begin(
@@ -735,6 +751,8 @@ class Bridge:
             )
             if into_device:
                 ring.begin_read(host)
+                if check is not None and fingerprint is not None and token is None:  # held: checked once launched
+                    check.hold(use.id, fingerprint, f"{kind} #{use.id}")
             else:
                 ring.begin_write(host)
             return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
@@ -798,6 +816,26 @@ class Bridge:
             self._core.check([key], "copy_begin")
             raise self._core.dead(*key, "copy_begin")
         return record, self._core.copy_step(record, kind)
+
+    def _checked(
+        self,
+        token: object,
+        host: HostRange,
+        fingerprint: hostcheck.Fingerprint,
+        sync: bool,
+        src: HostRange | DeviceRange,
+        dst: HostRange | DeviceRange,
+    ) -> None:
+        """(The checking mode) an input copy is on the device: a synchronous one, done, is checked
+        now (HostBytesChangedError: failed, its bytes kept); an asynchronous one when it completes."""
+        check = self._engine.host_check
+        assert check is not None
+        name = f"host_to_device {src} -> {dst}"
+        if not sync:
+            check.submitted(token, host, fingerprint, name)
+        elif (error := check.changed(host, fingerprint, name)) is not None:
+            self._counts["copy_failures"] += 1
+            raise error
 
     def _copy_failed(
         self, kind: str, host: HostRange, src: HostRange | DeviceRange, dst: HostRange | DeviceRange, e: BackendError

@@ -23,6 +23,7 @@ from collections import Counter
 from devbridge.backends.base import Backend, BackendError
 from devbridge.bridge import aio
 from devbridge.bridge.events import ComputeEvent, Event, issued_by, settle
+from devbridge.bridge.hostcheck import HostBytesCheck
 from devbridge.bridge.memory import MemoryBook
 from devbridge.bridge.stats import Holder
 from devbridge.bridge.trace import BridgeTrace
@@ -47,6 +48,7 @@ class Engine(Runner):
         self.release_failures: list[str] = []  # deferred backend frees that failed, for the next poll()
         self.memory = MemoryBook()  # device memory held, now and at peak, in all and per role
         self.trace: BridgeTrace | None = None  # this bridge's tracks of a timeline, when tracing
+        self.host_check: HostBytesCheck | None = None  # the host-bytes checking mode, when on
         self.progress = threading.Condition(threading.Lock())  # notified as completions arrive (wait_any)
         self.completions = 0  # completions reported or applied so far (under `progress`)
         drives = getattr(backend, "waits_run_work", False) is True  # its wait runs the work (the fake)
@@ -61,6 +63,8 @@ class Engine(Runner):
             token = self.copy(use.kind, record.memory, use.span[0], use.host, False)
         except BackendError as e:
             return Status(True, f"submitting it once its predecessors ended failed: {e}")
+        if self.host_check is not None:
+            self.host_check.launched(use.id, token, use.host)
         use.event.backend_token = token
         self.core.submitted(use, token)
         return None
@@ -74,6 +78,8 @@ class Engine(Runner):
             host.ring.end_read(host, release=ok)
         else:
             host.ring.end_write(host, valid=ok)
+            if ok and self.host_check is not None:
+                self.host_check.guard_output(host, f"{use.kind} #{use.id}")
 
     def release_memory(self, record: Allocation, by: InFlight) -> None:
         if failure := self.free(record):
@@ -89,6 +95,8 @@ class Engine(Runner):
                 self.counts["compute_failures" if use.kind == "compute" else "copy_failures"] += 1
         if use.event is not None:
             settle(use.event, error)
+        if self.host_check is not None:
+            self.host_check.ended(use.id, use.token)
         self.notify_progress()
 
     # ------------------------------------------------------------ the backend's calls
@@ -103,9 +111,15 @@ class Engine(Runner):
         """The backend's status of a token; a failed query settles its use as failed (the protocol:
         a backend raises only for work it will not touch again)."""
         try:
-            return self.backend.query(token)
+            status = self.backend.query(token)
         except BackendError as e:
-            return Status(True, f"querying the backend failed: {e}")
+            status = Status(True, f"querying the backend failed: {e}")
+        return status if self.host_check is None else self.host_check.completed(token, status)
+
+    def fault(self, what: str) -> None:
+        """Mark a failure on the trace, if any."""
+        if self.trace is not None:
+            self.trace.fault(what)
 
     def free(self, record: Allocation) -> str | None:
         """The one backend free of an allocation (FREE-2); a failure is returned, never retried."""

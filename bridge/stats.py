@@ -89,6 +89,7 @@ class Stats(_DictAccess):
     aborted: int  #: uses a restart aborted (copies held or in flight, views collected after it)
     held: int  #: copies held back behind earlier uses of their bytes (ORDER-1)
     waits: int  #: synchronous calls that waited for an earlier use first (ORDER-1)
+    host_bytes_changed: int  #: (checking mode) copies whose host bytes changed under them (H2D-3, D2H-3)
 
 
 @dataclass(frozen=True, slots=True)

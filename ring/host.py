@@ -27,6 +27,7 @@ import threading
 import time
 from bisect import bisect_right, insort
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,8 @@ class HostRing:
         self._reads: list[Span] = []  # pending input copies (a multiset)
         self._writes: list[Span] = []  # pending output copies
         self._failed: list[Span] = []  # outputs whose copy failed: never readable
+        # checks to run on bytes before their next view, commit or release (`guard`), by start
+        self._guards: dict[int, tuple[int, Callable[[memoryview], None]]] = {}
         # Records: committed reservations by start until released whole (their starts sorted),
         # those committed and not yet taken in sequence order, and the consumer generations.
         self._records: dict[int, _Record] = {}
@@ -283,6 +286,8 @@ class HostRing:
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} are still being copied from the device")
             if self._failed and _overlaps(self._failed, r):
                 raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
+            if self._guards:
+                self._run_guards(r)
             view = self.raw(r)
             return view.toreadonly() if self._reads and _overlaps(self._reads, r) else view
 
@@ -311,6 +316,8 @@ class HostRing:
                 raise RangeError("H2D-3", f"host bytes {_fmt(r)} are still read by a pending input copy")
             if self._writes and _overlaps(self._writes, r):
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are still written by a pending output copy")
+            if self._guards:
+                self._run_guards(r)
             self._cut(r)
             if self._failed:
                 self._failed = _minus(self._failed, (r.start, r.end))
@@ -483,6 +490,8 @@ class HostRing:
             raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
         if _overlaps(self._failed, r):
             raise OutputNotReadyError("D2H-3", f"host bytes {_fmt(r)} belong to a failed output copy")
+        if self._guards:
+            self._run_guards(r)
         return r.start, r.end
 
     def _check_consumer(self) -> None:  # the lock held
@@ -562,6 +571,24 @@ class HostRing:
                 raise RangeError("RING-3", f"host bytes {_fmt(r)} are in use by a pending copy")
         finally:
             self._lock.release()
+
+    def guard(self, r: HostRange, check: Callable[[memoryview], None]) -> None:
+        """Run `check` on the bytes of `r` before the next view, array, commit or release of any
+        of them, once; what it raises refuses that call, which changes nothing. For the Bridge's
+        host-bytes check (devbridge.bridge.hostcheck)."""
+        with self._lock:
+            for start in [
+                s for s, (e, _) in self._guards.items() if not self._any_unreleased(made_range(self, s, e - s))
+            ]:
+                del self._guards[start]  # (released since, by other means)
+            self._guards[r.start] = (r.start + r.nbytes, check)
+
+    def _run_guards(self, r: HostRange) -> None:  # the lock held
+        end = r.start + r.nbytes
+        for start, (stop, check) in list(self._guards.items()):
+            if start < end and r.start < stop:
+                del self._guards[start]
+                check(self.raw(made_range(self, start, stop - start)))
 
     def raw(self, r: HostRange) -> memoryview:
         """The bytes of `r` with no checks: for the Bridge, after `check_copy`."""

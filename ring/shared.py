@@ -570,6 +570,8 @@ class SharedRing(HostRing):
         usual = record is not None and record.seq < 0 and not record.taken and record.end == r.start + r.nbytes
         if usual and self._whole(r.start, r.start + r.nbytes) and not (self._reads or self._writes or self._failed):
             self._check_fence()
+            if self._guards:
+                self._run_guards(r)
             return r.start, r.start + r.nbytes
         span = super()._check_commit(r)
         # (every reservation of this process is a record here: the base class's test is moot)

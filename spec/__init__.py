@@ -36,7 +36,7 @@ EXTENTS = frozenset({"range", "whole"})
 MODES = ("reads", "writes")
 #: What can make an event report a failure: the backend failing a use of these kinds (a view
 #: never fails: it ends when its tensors go), or a restart aborting it.
-FAILING = ("copy_in", "copy_out", "compute", "aborted")
+FAILING = ("copy_in", "copy_out", "compute", "aborted", "host_bytes")
 #: How a rule without an error keeps a breach (besides naming the rule whose error refuses it).
 KEEPERS = ("deferring", "logging")
 #: Guards only tell a counter's 0, 1 and more apart: `level(n)` is all of n they read, and a

@@ -157,7 +157,9 @@ class LifecycleCore(Ledger):
         if end.aborted:
             error = self.failure("aborted", f"{use.kind} #{use.id} was aborted by restart")
         elif end.error_rule is not None:
-            error = self.failure(use.kind, f"{use.kind} #{use.id} failed: {status.error}")
+            error = self.failure(
+                status.failure or use.kind, f"{use.kind} #{use.id} failed: {status.error}", **dict(status.fields)
+            )
         effects.append(Settle(use, error, aborted=end.aborted, broken=False))
         return effects
 

@@ -200,11 +200,11 @@ class Ledger:
         assert rule is not None, f"the spec refuses {event} in {state}"  # validated: terminal states refuse uses
         return self.refusal(rule, alloc_id, generation, state, event)
 
-    def failure(self, when: str, detail: str) -> BridgeError:
-        """The error a use that did not succeed reports (`when`: its kind, or "aborted"), with
-        the rule the spec's `failures` name."""
+    def failure(self, when: str, detail: str, **fields: Any) -> BridgeError:
+        """The error a use that did not succeed reports (`when`: its kind, "aborted" or
+        "host_bytes"), with the rule the spec's `failures` name (`fields`: the error's own)."""
         rule, error = self._failures[when]
-        return error(rule, detail)
+        return error(rule, detail, **fields)
 
     def add(self, extent: int, spec: Any, memory: object) -> Allocation:
         record = Allocation(self._next_allocation, self.generation, extent, spec, memory, self._spec.initial)

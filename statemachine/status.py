@@ -10,10 +10,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """An event token's status: pending, done, or done with an error message."""
+    """An event token's status: pending, done, or done with an error message (`failure`: which
+    of the spec's failures the error is, None: its use's kind's, the backend's failure; `fields`:
+    what that error says besides its message, as keyword arguments)."""
 
     done: bool
     error: str | None = None
+    failure: str | None = None
+    fields: tuple[tuple[str, object], ...] = ()
 
 
 PENDING = Status(False)

@@ -25,6 +25,7 @@ from harness import DEVICES
 from devbridge import (
     Bridge,
     DeviceRange,
+    HostBytesChangedError,
     HostRing,
     InvalidViewError,
     ObjectSpec,
@@ -270,6 +271,34 @@ def test_a_held_queue_keeps_an_async_upload_reading_the_host_bytes() -> None:
     ev.wait(timeout=30)
     assert ev.error is None and ring.released(src)
     assert read(bridge, ring, DeviceRange(x, 0, 16)) == b"held queue bytes"
+
+
+@pytest.mark.holds("H2D-3")
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control"])
+def test_a_late_write_behind_a_busy_queue_is_caught_in_every_trial_by_the_check(busy: Busy, checked: bool) -> None:
+    """A write through an array kept from before an asynchronous upload, while the upload waits
+    behind queued work: the checking mode reports it every time (rule, range, first changed
+    byte); without it, the device reads the written bytes and nothing notices."""
+    bridge = Bridge(TinygradBackend("CL"), check_host_bytes=checked)
+    ring = HostRing(1 << 20)
+    x = bridge.alloc_device(U8, N)
+    for trial, at in enumerate(np.random.default_rng(7).integers(0, N, 5)):
+        src = ring.reserve(N)
+        kept = ring.array(src, np.uint8)
+        kept[:] = trial
+        busy.queue()
+        event = bridge.host_to_device(src, DeviceRange(x, 0, N), sync=False)
+        kept[at:] = 0xEE  # the bug: the upload has not read them yet
+        if checked:
+            with pytest.raises(HostBytesChangedError) as caught:
+                event.wait(timeout=60)
+            assert (caught.value.rule, caught.value.range, caught.value.offset) == ("H2D-3", src, at)
+            assert not ring.released(src)
+            ring.release(src)
+        else:
+            event.wait(timeout=60)
+            assert read(bridge, ring, DeviceRange(x, 0, N)) == bytes([trial]) * int(at) + b"\xee" * (N - int(at))
+    assert bridge.stats().host_bytes_changed == (5 if checked else 0)
 
 
 def run_demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

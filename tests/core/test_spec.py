@@ -43,6 +43,7 @@ def test_failures_name_a_rule_and_its_error_or_a_subclass_of_it() -> None:
         "copy_out": ("COPY-F", "OutputCopyError"),
         "compute": ("COMPUTE-F", "ComputeError"),
         "aborted": ("GEN-1", "StaleHandleError"),
+        "host_bytes": ("H2D-3", "HostBytesChangedError"),
     }
     for f in lc.failures.values():
         rule_error = lc.rules[f.rule].error

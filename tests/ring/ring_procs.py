@@ -155,3 +155,20 @@ def reserve_and_die(name: str, nbytes: int, wait: bool) -> None:
     if wait:
         time.sleep(60)
     os._exit(0)
+
+
+def write_after_commit(name: str, at: int, go: Any, done: Any) -> None:
+    """A producer with a bug: it commits a record of 64 zero bytes, keeps a view of it, and, when
+    told, flips byte `at` of the record its consumer may be copying."""
+    from devbridge import HostRing
+
+    ring = HostRing.attach(name)
+    r = ring.reserve(64)
+    view = ring.view(r)
+    view[:] = bytes(64)
+    ring.commit(r)
+    go.wait(60)
+    view[at] ^= 0xFF
+    done.set()
+    del view
+    ring.close()

@@ -248,3 +248,40 @@ def test_a_stopped_consumer_that_wakes_after_its_replacement_changes_nothing(run
     assert [(int(g), rule) for _, g, rule, *_ in fenced] == [(g, "GEN-2") for g in range(1, 11)]
     stats = ring.check()
     assert stats["generation"] == 11
+
+
+@pytest.mark.holds("H2D-3")
+def test_a_producer_process_writing_into_a_committed_record_is_caught_by_the_consumers_check() -> None:
+    """The host-bytes check across processes: the consumer's upload of a record is in flight when
+    its producer, another process, writes into it; the upload fails, naming the byte."""
+    from devbridge import Bridge, DeviceRange, HostBytesChangedError, ObjectSpec
+    from devbridge.backends.fake import FakeBackend
+
+    name = f"devbridge-late-{os.getpid()}-{time.monotonic_ns()}"
+    ring = HostRing.create(name, 1 << 12)
+    go, done = SPAWN.Event(), SPAWN.Event()
+    producer = SPAWN.Process(target=ring_procs.write_after_commit, args=(name, 21, go, done))
+    try:
+        producer.start()
+        fake = FakeBackend()
+        fake.checks_late_reads = False
+        bridge = Bridge(fake, check_host_bytes=True)
+        h = bridge.alloc_device(ObjectSpec("x", "uint8"), 64)
+        r = ring.take(timeout=30)
+        event = bridge.host_to_device(r, DeviceRange(h, 0, 64), sync=False)
+        go.set()
+        assert done.wait(30), "the producer did not write"
+        fake.complete(event)
+        with pytest.raises(HostBytesChangedError) as caught:
+            event.wait(10)
+        assert (caught.value.rule, caught.value.offset, caught.value.range) == ("H2D-3", 21, r)
+        assert not ring.released(r)
+        ring.release(r)
+        producer.join(30)
+        assert producer.exitcode == 0
+    finally:
+        if producer.is_alive():
+            producer.kill()
+            producer.join(10)
+        ring.unlink()
+        ring.close()
