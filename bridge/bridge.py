@@ -724,7 +724,9 @@ class Bridge:
                 except BackendError as e:
                     raise self._copy_failed(kind, host, src, dst, e) from e
                 if fingerprint is not None:
-                    self._checked(token, host, fingerprint, sync, src, dst)
+                    self._checked(
+                        token, host, fingerprint, sync, hostcheck.copy_name(kind, record.id, self._span(device))
+                    )
             if into_device:
                 self._copies_in += 1
                 self._bytes_in += host.nbytes
@@ -743,7 +745,7 @@ class Bridge:
                 else:
                     ring.write_done(host)
                     if check is not None:
-                        check.guard_output(host, f"device_to_host {src} -> {dst}")
+                        check.guard_output(host, hostcheck.copy_name(kind, record.id, self._span(device)))
                 return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
             span = (device.offset, device.offset + device.nbytes)
             use = core.begin(
@@ -752,7 +754,7 @@ class Bridge:
             if into_device:
                 ring.begin_read(host)
                 if check is not None and fingerprint is not None and token is None:  # held: checked once launched
-                    check.hold(use.id, fingerprint, f"{kind} #{use.id}")
+                    check.hold(use.id, fingerprint, hostcheck.copy_name(kind, record.id, self._span(device)))
             else:
                 ring.begin_write(host)
             return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
@@ -818,24 +820,21 @@ class Bridge:
         return record, self._core.copy_step(record, kind)
 
     def _checked(
-        self,
-        token: object,
-        host: HostRange,
-        fingerprint: hostcheck.Fingerprint,
-        sync: bool,
-        src: HostRange | DeviceRange,
-        dst: HostRange | DeviceRange,
+        self, token: object, host: HostRange, fingerprint: hostcheck.Fingerprint, sync: bool, name: str
     ) -> None:
         """(The checking mode) an input copy is on the device: a synchronous one, done, is checked
         now (HostBytesChangedError: failed, its bytes kept); an asynchronous one when it completes."""
         check = self._engine.host_check
         assert check is not None
-        name = f"host_to_device {src} -> {dst}"
         if not sync:
             check.submitted(token, host, fingerprint, name)
         elif (error := check.changed(host, fingerprint, name)) is not None:
             self._counts["copy_failures"] += 1
             raise error
+
+    @staticmethod
+    def _span(device: DeviceRange) -> tuple[int, int]:
+        return device.offset, device.offset + device.nbytes
 
     def _copy_failed(
         self, kind: str, host: HostRange, src: HostRange | DeviceRange, dst: HostRange | DeviceRange, e: BackendError

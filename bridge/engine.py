@@ -23,7 +23,7 @@ from collections import Counter
 from devbridge.backends.base import Backend, BackendError
 from devbridge.bridge import aio
 from devbridge.bridge.events import ComputeEvent, Event, issued_by, settle
-from devbridge.bridge.hostcheck import HostBytesCheck
+from devbridge.bridge.hostcheck import HostBytesCheck, copy_name
 from devbridge.bridge.memory import MemoryBook
 from devbridge.bridge.stats import Holder
 from devbridge.bridge.trace import BridgeTrace
@@ -79,7 +79,8 @@ class Engine(Runner):
         else:
             host.ring.end_write(host, valid=ok)
             if ok and self.host_check is not None:
-                self.host_check.guard_output(host, f"{use.kind} #{use.id}")
+                assert use.span is not None
+                self.host_check.guard_output(host, copy_name(use.kind, use.allocations[0], use.span))
 
     def release_memory(self, record: Allocation, by: InFlight) -> None:
         if failure := self.free(record):

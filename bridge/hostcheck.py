@@ -39,6 +39,12 @@ def wanted(check_host_bytes: object) -> bool:
     return check_host_bytes
 
 
+def copy_name(kind: str, allocation: int, span: tuple[int, int]) -> str:
+    """How the mode's errors and trace marks name a copy: by its device bytes."""
+    into = kind == "copy_in"
+    return f"{'host_to_device into' if into else 'device_to_host from'} allocation #{allocation} [{span[0]}, {span[1]})"
+
+
 class Fingerprint:
     """Host bytes as they were at one moment: their digest, and a copy to find a change in."""
 

@@ -123,6 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch", type=at_least(1), default=1, help="objects per upload, compute and download (default 1)"
     )
     demo.add_argument(
+        "--check-host-bytes",
+        action="store_true",
+        help="the bridge's host-bytes checking mode: a write into bytes a copy may still read fails the copy",
+    )
+    demo.add_argument(
+        "--inject-late-writes",
+        type=probability,
+        default=0.0,
+        metavar="P",
+        help="a deliberate bug: the producer writes into a share P of the inputs it handed over, under their upload",
+    )
+    demo.add_argument(
         "--processes",
         type=at_least(1),
         default=0,
@@ -327,15 +339,21 @@ def _run_demo(args: argparse.Namespace, backend: Backend, stderr: TextIO, shown:
                 args.trace,
                 pins_report=args.pins_report,
                 batch=args.batch,
+                check_host_bytes=True if args.check_host_bytes else None,
+                late_writes=args.inject_late_writes,
             )
         except WorkerStalled as e:
             print(f"devbridge demo: {e}", file=sys.stderr)
             return 1
-    clean = summary.clean and summary.unreleased_input_bytes == summary.unreleased_output_bytes == 0
+    s = summary
+    # with late writes: every one caught and no other report, and every object delivered or rejected
+    spoiled = s.late_writes_missed == s.false_reports == 0 and s.late_writes_caught == s.late_writes
+    whole = s.lost == s.duplicated == s.wrong == 0 and s.delivered + s.rejected == s.objects
+    unreleased = s.unreleased_input_bytes + s.unreleased_output_bytes
+    clean = (whole and spoiled if s.late_writes else s.clean) and unreleased == 0
     if args.json:
         print(json.dumps({**asdict(summary), "clean": clean}))
     else:
-        s = summary
         print(
             f"backend {s.backend}: {s.delivered}/{s.objects} objects in {s.seconds:.1f} s "
             f"({s.objects_per_s:.0f} objects/s)\n"
@@ -345,7 +363,13 @@ def _run_demo(args: argparse.Namespace, backend: Backend, stderr: TextIO, shown:
             f"faults injected {s.faults_injected}, recovered {s.faults_recovered}, "
             f"failed frees reported {s.free_failures}  restarts {s.restarts}\n"
             f"unreleased bytes: input ring {s.unreleased_input_bytes}, output ring {s.unreleased_output_bytes}\n"
-            f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
+            + (
+                f"late writes injected {s.late_writes}: caught {s.late_writes_caught}, missed "
+                f"{s.late_writes_missed}, false reports {s.false_reports}  objects rejected {s.rejected}\n"
+                if s.late_writes or s.false_reports
+                else ""
+            )
+            + f"lost: {s.lost}  duplicated: {s.duplicated}  wrong: {s.wrong}"
         )
         if args.pins_report:
             print(f"pinned at the end: {len(s.pinned)} allocations", *s.pinned, sep="\n  ")
@@ -364,6 +388,8 @@ def run_processes_command(args: argparse.Namespace) -> int:
         return usage_error("demo", "--kill-worker-every and --hang-worker-every need --processes")
     if args.pins_report:
         return usage_error("demo", "--pins-report reports a worker in this process: leave out --processes")
+    if args.check_host_bytes or args.inject_late_writes:
+        return usage_error("demo", "--check-host-bytes and --inject-late-writes run one worker in this process")
     devices: list[str | None] = [None] if args.device is None else list(device_names(args.device))
     if not devices:
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")
@@ -462,6 +488,8 @@ def run_devices_command(args: argparse.Namespace) -> int:
 
     if args.pins_report:
         return usage_error("demo", "--pins-report reports one worker: name one device")
+    if args.check_host_bytes or args.inject_late_writes:
+        return usage_error("demo", "--check-host-bytes and --inject-late-writes run one worker: name one device")
     devices = device_names(args.device)
     if not devices:
         return usage_error("demo", f"--device needs distinct device names, got {args.device!r}")

@@ -41,17 +41,24 @@ def run_demo(
     trace: str | None = None,
     pins_report: bool = False,
     batch: int = 1,
+    check_host_bytes: bool | None = None,
+    late_writes: float = 0.0,
 ) -> Summary:
     """The reference worker over `objects` synthetic objects on `backend` (a name for
     make_backend, or an opened Backend), its timeline written to `trace` (a path) if given;
     with `pins_report`, the summary's `pinned` names each allocation still held at the end and
-    what holds it; objects go `batch` at a time (one upload, compute and download for all).
+    what holds it; objects go `batch` at a time (one upload, compute and download for all);
+    `check_host_bytes`: the bridge's checking mode (None: the environment's say); `late_writes`:
+    the share of uploads whose input is written into under them, on purpose (Worker).
     Raises WorkerStalled if the backend fails for good."""
     check_demo(objects, faults, restart_every, batch)
     timeline = None if trace is None else Trace(trace)
     try:
         inner = make_backend(backend, device) if isinstance(backend, str) else backend
-        worker = device_worker(inner, range(objects), faults, restart_every, seed, seed, timeline, batch)
+        late = probability("late_writes", late_writes)
+        worker = device_worker(
+            inner, range(objects), faults, restart_every, seed, seed, timeline, batch, check_host_bytes, late
+        )
         start = time.perf_counter()
         worker.run(progress)
         summary = worker.summary(time.perf_counter() - start, backend_name(inner))
@@ -72,16 +79,22 @@ def device_worker(
     fault_seed: int,
     trace: Trace | None = None,
     batch: int = 1,
+    check_host_bytes: bool | None = None,
+    late_writes: float = 0.0,
 ) -> Worker:
     """A worker for objects `ks` on one device, `batch` at a time: its fake's pump, its injected
     faults, its tracks in `trace`."""
     pump = fake_pump(inner, fault_seed) if isinstance(inner, FakeBackend) else None
+    if late_writes and isinstance(inner, FakeBackend):
+        inner.checks_late_reads = False  # the late writes are the demo's own, on purpose
     if not faults:
         return Worker(
-            inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks, trace=trace, batch=batch
-        )
+            inner, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks, trace=trace, batch=batch,
+            check_host_bytes=check_host_bytes, late_writes=late_writes,
+        )  # fmt: skip
     faulty = FaultyBackend(inner, rate=faults, seed=fault_seed, random_ops=RANDOM_FAULTS)
     return Worker(
         faulty, len(ks), seed=seed, restart_every=restart_every, pump=pump, ks=ks,
         injected=lambda: sum(faulty.injected.values()), trace=trace, batch=batch,
+        check_host_bytes=check_host_bytes, late_writes=late_writes,
     )  # fmt: skip

@@ -20,17 +20,20 @@ class Stage(enum.Enum):
     COMPUTE = "compute"  # the MLP was issued; its download waits for room in the output ring
     DOWNLOAD = "download"  # the slot's y is being copied to the output ring (after the compute)
     DELIVERED = "delivered"  # its output was taken and checked; the slot went back to the pool
+    REJECTED = "rejected"  # its input changed under its upload (the host-bytes check): not delivered
 
 
 #: The pipeline's transitions: every stage change a job makes is one of these. SLOT is also where
 #: a restart sends every job, and where a copy that failed to start is retried from.
 STAGES: dict[Stage, frozenset[Stage]] = {
     Stage.SLOT: frozenset({Stage.UPLOAD}),
-    Stage.UPLOAD: frozenset({Stage.UPLOAD, Stage.COMPUTE, Stage.SLOT}),  # a failed upload is redone
+    # a failed upload is redone; one whose input changed under it is rejected
+    Stage.UPLOAD: frozenset({Stage.UPLOAD, Stage.COMPUTE, Stage.SLOT, Stage.REJECTED}),
     Stage.COMPUTE: frozenset({Stage.DOWNLOAD, Stage.SLOT}),
     # a failed download is redone; after a failed compute the object starts over from its upload
     Stage.DOWNLOAD: frozenset({Stage.DOWNLOAD, Stage.COMPUTE, Stage.UPLOAD, Stage.SLOT, Stage.DELIVERED}),
     Stage.DELIVERED: frozenset(),
+    Stage.REJECTED: frozenset(),
 }
 
 
@@ -66,6 +69,7 @@ class Job:
     computed: Event | None = None  # the compute event the download follows (ORDER-1)
     old: list[Event] = field(default_factory=list)  # events of an older generation still on the device
     moves: list[tuple[Stage, Stage]] | None = None  # every transition taken, when a test records them
+    spoiled: bool = False  # (--inject-late-writes) its input was written into under its upload
 
     def move(self, to: Stage) -> None:
         if to not in STAGES[self.stage]:

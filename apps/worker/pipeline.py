@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,14 @@ from devbridge.backends.base import Backend
 from devbridge.bridge.bridge import Bridge
 from devbridge.bridge.events import Event
 from devbridge.bridge.trace import Trace
-from devbridge.errors import BridgeError, DeviceAllocationError, DeviceFreeError, RingFullError, WaitTimeoutError
+from devbridge.errors import (
+    BridgeError,
+    DeviceAllocationError,
+    DeviceFreeError,
+    HostBytesChangedError,
+    RingFullError,
+    WaitTimeoutError,
+)
 from devbridge.ring.host import HostRange, HostRing
 from devbridge.spec import load as load_spec
 from devbridge.types import DeviceHandle, DeviceRange, ObjectSpec, TensorViewSpec
@@ -89,6 +97,14 @@ class Summary(Delivery):
     unreleased_input_bytes: int
     unreleased_output_bytes: int
     backend: str
+    #: (--check-host-bytes, --inject-late-writes) uploads whose input was written into under them on
+    #: purpose, those the check caught, those it did not, and checks that failed an upload no
+    #: write touched; the objects of the uploads it failed are rejected, not delivered nor lost
+    late_writes: int = 0
+    late_writes_caught: int = 0
+    late_writes_missed: int = 0
+    false_reports: int = 0
+    rejected: int = 0
     #: with `pins_report`: each allocation still pinned at the end and what pins it (PIN-1)
     pinned: list[str] = field(default_factory=list)
 
@@ -109,12 +125,17 @@ class Worker:
         ks: Sequence[int] | None = None,
         injected: Callable[[], int] = lambda: 0,
         trace: Trace | None = None,
+        check_host_bytes: bool | None = None,
+        late_writes: float = 0.0,
     ) -> None:
         """`objects` synthetic objects, numbered 0.. (or those of `ks`: a device's share), moved
         and computed `batch` at a time (the ring holds whole batches: `ring_objects` is rounded
         up to a multiple of `batch`).
         `injected` counts the faults injected so far (the summary reports it); `trace`: the
-        timeline its bridge writes its tracks into (devbridge.bridge.trace), if any."""
+        timeline its bridge writes its tracks into (devbridge.bridge.trace), if any.
+        `check_host_bytes`: its bridge's checking mode (None: the environment's say);
+        `late_writes`: the share of uploads whose input the producer writes into while the upload
+        may still read it (a deliberate bug, for the check to catch)."""
         ks = range(objects) if ks is None else ks
         batch = count("batch", batch, least=1)
         self.backend, self.objects, self.seed, self.shapes = backend, len(ks), seed, shapes
@@ -123,7 +144,11 @@ class Worker:
         self.pump = pump or (lambda: None)
         self.pumped = pump is not None  # a fake backend's pump completes events: never block for them
         self.injected = injected
-        self.bridge = Bridge(backend, trace=trace)
+        self.bridge = Bridge(backend, trace=trace, check_host_bytes=check_host_bytes)
+        self.late_writes = late_writes
+        self.spoils = random.Random(seed ^ 0x5B01)  # which uploads get a late write
+        self.spoiled = self.caught = self.missed = self.false_reports = 0
+        self.rejected: set[int] = set()  # objects whose upload the host-bytes check failed
         self.in_bytes = shapes.rows * shapes.d_in * 4
         self.out_bytes = shapes.rows * shapes.d_out * 4
         self.space = threading.Condition()
@@ -190,7 +215,7 @@ class Worker:
         blocks up to `wait` seconds for the producer or a completion. (run_devices interleaves
         the passes of several workers in one thread: tinygrad is not thread-safe.)"""
         producer = self.producer
-        if not (self.deliveries < self.objects or self.jobs):
+        if not (self.deliveries + len(self.rejected) < self.objects or self.jobs):
             return False
         self.pump()
         while len(self.jobs) < self.window and (item := producer.take(0 if self.jobs else wait)):
@@ -356,7 +381,13 @@ class Worker:
             self.upload(job)
             return False
         if job.event.error is None:
+            if job.spoiled and job.stage is Stage.UPLOAD:
+                self.missed += 1  # the upload read the written bytes and nothing said so
+                job.spoiled = False
             return True
+        if isinstance(job.event.error, HostBytesChangedError) and job.stage is Stage.UPLOAD:
+            self.reject(job)
+            return False
         self.failed(job.event.error)
         (self.upload if job.stage is Stage.UPLOAD else self.download)(job)
         return False
@@ -385,7 +416,45 @@ class Worker:
     def upload(self, job: Job) -> None:
         assert job.slot is not None
         x = self.part(job, job.slot.xr, job.src.nbytes)
-        self.attempt(job, Stage.UPLOAD, lambda: self.bridge.host_to_device(job.src, x, sync=False, release=False))
+
+        def copy() -> Event:
+            return self.bridge.host_to_device(job.src, x, sync=False, release=False)
+
+        if self.late_writes and not job.old and self.spoils.random() < self.late_writes:
+            self.spoil(job, copy)
+        else:
+            self.attempt(job, Stage.UPLOAD, copy)
+
+    def spoil(self, job: Job, copy: Callable[[], Event]) -> None:
+        """The deliberate bug of `--inject-late-writes`: the producer's array over the batch's
+        input, made before the upload, writes into it while the upload may still read it. The
+        device's copies are held meanwhile (where the backend can hold them), so that the write
+        lands before the device reads: what the demo counts as caught or missed is every write."""
+        kept = self.inputs.array(job.src, np.uint8)
+        hold = getattr(self.backend, "hold_copies", None)
+        with hold() if hold is not None else contextlib.nullcontext():
+            self.attempt(job, Stage.UPLOAD, copy)
+            if job.stage is Stage.UPLOAD:  # the upload is in flight
+                kept[3] ^= 0xC0  # the first input's sign and exponent: a wrong answer if the device reads it
+                job.spoiled = True
+                self.spoiled += 1
+
+    def reject(self, job: Job) -> None:
+        """An upload the host-bytes check failed: the batch's bytes are not what the producer
+        made, so its objects are rejected, not delivered; its input goes back to the ring and its
+        slot to the pool."""
+        assert job.slot is not None
+        if job.spoiled:
+            self.caught += 1
+        else:
+            self.false_reports += 1
+        self.rejected.update(job.ks)
+        self.inputs.release(job.src)
+        self.free_slots.append(job.slot)
+        job.move(Stage.REJECTED)
+        self.jobs.remove(job)
+        with self.space:  # its input's room is free again
+            self.space.notify_all()
 
     def compute(self, job: Job) -> None:
         slot, mlp = job.slot, self.mlp
@@ -462,6 +531,7 @@ class Worker:
     def summary(self, seconds: float, backend_name: str) -> Summary:
         stats = self.bridge.stats()
         delivery = self.tally.delivery(self.objects)
+        delivery.lost -= len(self.rejected - set(self.tally.delivered))  # (rejected: accounted for)
         got = delivery.delivered
         return Summary(
             **vars(delivery),
@@ -483,4 +553,9 @@ class Worker:
             unreleased_input_bytes=self.inputs.head - self.inputs.cursor,
             unreleased_output_bytes=self.outputs.head - self.outputs.cursor,
             backend=backend_name,
+            late_writes=self.spoiled,
+            late_writes_caught=self.caught,
+            late_writes_missed=self.missed,
+            false_reports=self.false_reports,
+            rejected=len(self.rejected),
         )

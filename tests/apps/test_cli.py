@@ -57,6 +57,9 @@ BAD_OPTIONS = [
     (["demo", "--device", "CPU:0,NULL"], "device NULL cannot run a kernel on a view: "),
     (["example", "--backend", "tinygrad", "--device", "NULL"], "device NULL cannot run a kernel on a view: "),
     (["bench", "--device", "NPY", "--quick"], "device NPY cannot upload: "),
+    (["demo", "--inject-late-writes", "1.5"], "argument --inject-late-writes: "),
+    (["demo", "--check-host-bytes", "--processes", "1"], "--check-host-bytes and --inject-late-writes run one worker"),
+    (["demo", "--inject-late-writes", "0.1", "--device", "CPU:0,CPU:1"], "--inject-late-writes run one worker"),
 ]
 
 

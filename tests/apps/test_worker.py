@@ -265,9 +265,16 @@ def test_jobs_move_only_by_the_stage_table_and_runs_take_every_transition_in_it(
     each job's stage changes only by STAGES (Job.move raises StageError otherwise), every object
     is delivered once and right, and together the runs take all of the table's transitions. (A
     restart that finds a job in COMPUTE needs its download refused in the very pass that
-    restarts: about one run in two has one, so runs go on, up to 40, until every one is taken.)"""
+    restarts: about one run in two has one, so runs go on, up to 40, until every one is taken.) An
+    upload the host-bytes check fails is rejected: a run with late writes takes that one."""
     table = {(at, to) for at, tos in STAGES.items() for to in tos}
-    taken: set[tuple[Stage, Stage]] = set()
+    fake = FakeBackend()
+    fake.checks_late_reads = False
+    worker = Worker(fake, 40, seed=1, check_host_bytes=True, late_writes=0.2, pump=fake_pump(fake, 1))
+    worker.moves = []
+    worker.run()
+    assert (Stage.UPLOAD, Stage.REJECTED) in worker.moves and set(worker.moves) <= table
+    taken: set[tuple[Stage, Stage]] = set(worker.moves)
     for seed in range(40):
         fake = FakeBackend()
         ops = ("copy_in", "copy_out", "compute")
@@ -341,3 +348,38 @@ def test_the_producer_makes_numpy_s_answers_on_one_blas_thread(monkeypatch: pyte
     Worker(FakeBackend(), 3, seed=1)
     assert before and seen == [[1] * len(before)] * 3
     assert blas_threads() == before
+
+
+@pytest.mark.holds("H2D-3")
+@pytest.mark.parametrize(("backend", "device"), COMPUTE_DEVICES, ids=lambda v: str(v))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_late_writes_the_demo_injects_are_each_caught_and_nothing_else(
+    backend: str, device: str | None, batch: int
+) -> None:
+    """`--check-host-bytes --inject-late-writes 0.05`: every upload the producer writes into under
+    it fails (its objects rejected), no other does, and every other object is delivered right."""
+    s = run_demo(objects=300, backend=backend, device=device, batch=batch, check_host_bytes=True, late_writes=0.05)
+    assert s.late_writes > 0 and (s.late_writes_caught, s.late_writes_missed, s.false_reports) == (s.late_writes, 0, 0)
+    assert s.rejected <= s.late_writes * batch and s.delivered + s.rejected == 300
+    assert (s.lost, s.duplicated, s.wrong) == (0, 0, 0)
+    assert s.unreleased_input_bytes == s.unreleased_output_bytes == 0
+
+
+def test_late_writes_without_the_check_are_delivered_wrong() -> None:
+    """The control: the same bug with the mode off reaches the device, and the outputs are wrong."""
+    s = run_demo(objects=300, backend="tinygrad", device="CPU", check_host_bytes=False, late_writes=0.05)
+    assert s.late_writes > 0 and (s.late_writes_missed, s.late_writes_caught, s.rejected) == (s.late_writes, 0, 0)
+    assert s.wrong == s.late_writes and s.delivered == 300
+
+
+def test_the_demo_command_reports_the_late_writes_it_caught(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["demo", "--backend", "fake", "--objects", "200", "--check-host-bytes", "--inject-late-writes", "0.05"])
+        == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    caught = next(line for line in out if line.startswith("late writes injected"))
+    n = int(caught.split()[3].rstrip(":"))
+    assert n > 0 and caught.startswith(f"late writes injected {n}: caught {n}, missed 0, false reports 0")
+    assert out[-1] == "lost: 0  duplicated: 0  wrong: 0"
+    assert main(["demo", "--backend", "fake", "--objects", "200", "--inject-late-writes", "0.05"]) == 1  # missed

@@ -214,3 +214,20 @@ def test_on_tinygrads_cpu_device_a_write_while_the_copy_thread_is_held_is_caught
     with pytest.raises(HostBytesChangedError) as caught:
         event.wait(10)
     assert (caught.value.offset, ring.released(src)) == (4096, False)
+
+
+def test_a_caught_change_is_marked_on_the_trace() -> None:
+    import io
+    import json
+
+    fake, out = WritesDuringCopy(), io.StringIO()
+    fake.checks_late_reads = False
+    bridge = Bridge(fake, check_host_bytes=True, trace=out)
+    ring = HostRing(1 << 12)
+    h = bridge.alloc_device(U8, 16)
+    fake.at = 2
+    with pytest.raises(HostBytesChangedError):
+        bridge.host_to_device(put(ring, bytes(16)), DeviceRange(h, 0, 16))
+    bridge.close_trace()
+    faults = [e["name"] for e in json.loads(out.getvalue()) if e.get("cat") == "fault"]
+    assert faults == ["failed: host_to_device into allocation #0 [0, 16): host bytes [0, 16) changed at +2"]
