@@ -49,7 +49,7 @@ import time
 import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -535,12 +535,26 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float) -> tuple[str, str]:
+#: A test of a mutant's run fails once it takes this many times its own time in the coverage run
+#: (at least HANG_FLOOR_S): a mutant that makes a test hang is killed by that test, within
+#: seconds, instead of holding a job for the whole run's budget (the suite's own per-test
+#: timeout is minutes).
+HANG_FACTOR, HANG_FLOOR_S = 10, 30.0
+
+
+def hang_timeout(seconds: Iterable[float]) -> float:
+    """The per-test timeout of a mutant's run of tests that took `seconds` each."""
+    return max(HANG_FLOOR_S, HANG_FACTOR * max(seconds, default=1.0))
+
+
+def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float, per_test: float = 300.0) -> tuple[str, str]:
     target = copy / m.file  # (the file the copy's package links to)
     original = target.read_text()
     target.write_text(m.apply(original))
     try:
-        cmd, env = pytest_cmd(copy, "-x", "-o", "addopts=--import-mode=importlib", "-rf", *tests)
+        cmd, env = pytest_cmd(
+            copy, "-x", "-o", "addopts=--import-mode=importlib", "-o", f"timeout={per_test:.0f}", "-rf", *tests
+        )
         run = run_group(cmd, copy, env, timeout)
     except subprocess.TimeoutExpired:
         return "timeout", f"no result in {timeout:.0f} s"
@@ -636,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not tests or (slow and args.no_slow):
                     continue
                 budget = 60 + 5 * sum(seconds.get(t, 1.0) for t in tests)
-                outcome, by = run_one(m, copy, tests, budget)
+                outcome, by = run_one(m, copy, tests, budget, hang_timeout(seconds.get(t, 1.0) for t in tests))
                 if outcome != "survived":
                     break
             if outcome == "killed" and by.startswith("tests/"):

@@ -183,6 +183,20 @@ def test_a_mutants_outcome_is_read_from_its_pytest_run(mutate: ModuleType) -> No
     assert run(3)[0] == "error"
 
 
+def test_a_mutant_that_makes_a_test_hang_is_killed_by_that_test_at_its_own_timeout(
+    mutate: ModuleType, tmp_path: Path
+) -> None:
+    """A hanging test fails at the per-test timeout (a few times its own time, at least 30 s),
+    not at the run's budget: the mutant is killed by it."""
+    assert mutate.hang_timeout([0.2, 1.5]) == 30.0 and mutate.hang_timeout([4.0, 0.1]) == 40.0
+    (tmp_path / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
+    cmd, env = mutate.pytest_cmd(tmp_path, "-x", "-o", "timeout=1", "-rf", "test_hangs.py")
+    start = time.monotonic()
+    run = mutate.run_group(cmd, tmp_path, env, 50.0)
+    assert time.monotonic() - start < 30
+    assert mutate.verdict(run) == ("killed", "test_hangs.py::test_hangs")
+
+
 def test_the_readme_quotes_the_mutation_report_as_the_tool_wrote_it(mutate: ModuleType) -> None:
     """The README's mutation figures are the tool's own output: its summary line and per-file rows
     are lines of scripts/mutation-report.md (every row of it, in its order), and the run left
