@@ -11,6 +11,7 @@ from support import U8, put
 from devbridge import (
     Bridge,
     CopyEvent,
+    DeviceHandle,
     DeviceRange,
     HostBytesChangedError,
     HostRange,
@@ -126,13 +127,18 @@ def test_a_held_copy_is_fingerprinted_when_the_call_hands_its_bytes_over() -> No
     assert (caught.value.offset, first.error) == (63, None) and not ring.released(src)
 
 
-@pytest.mark.holds("D2H-3")
-def test_an_output_changed_before_the_worker_reads_it_is_refused_once() -> None:
+def outputs() -> tuple[Bridge, FakeBackend, DeviceHandle, HostRing]:
+    """A checking bridge whose 32 B allocation holds bytes 0..31, and an output ring."""
     fake = FakeBackend()
     bridge = checking(fake)
-    ring, out = HostRing(1 << 12), HostRing(1 << 12)
     h = bridge.alloc_device(U8, 32)
-    bridge.host_to_device(put(ring, bytes(range(32))), DeviceRange(h, 0, 32))
+    bridge.host_to_device(put(HostRing(1 << 12), bytes(range(32))), DeviceRange(h, 0, 32))
+    return bridge, fake, h, HostRing(1 << 12)
+
+
+@pytest.mark.holds("D2H-3")
+def test_an_output_changed_before_the_worker_reads_it_is_refused_once() -> None:
+    bridge, _, h, out = outputs()
     o = out.reserve(32)
     kept = out.array(o, np.uint8)
     bridge.device_to_host(DeviceRange(h, 0, 32), o)
@@ -147,11 +153,7 @@ def test_an_output_changed_before_the_worker_reads_it_is_refused_once() -> None:
 
 @pytest.mark.holds("D2H-3")
 def test_an_async_output_is_checked_at_its_release_and_at_its_commit() -> None:
-    fake = FakeBackend()
-    bridge = checking(fake)
-    ring, out = HostRing(1 << 12), HostRing(1 << 12)
-    h = bridge.alloc_device(U8, 32)
-    bridge.host_to_device(put(ring, bytes(range(32))), DeviceRange(h, 0, 32))
+    bridge, fake, h, out = outputs()
     o, p = out.reserve(16), out.reserve(16)
     kept_o, kept_p = out.array(o, np.uint8), out.array(p, np.uint8)
     events = [bridge.device_to_host(DeviceRange(h, k * 16, 16), r, sync=False) for k, r in ((0, o), (1, p))]
@@ -170,10 +172,7 @@ def test_an_async_output_is_checked_at_its_release_and_at_its_commit() -> None:
 
 
 def test_an_unchanged_output_reads_and_releases_as_usual() -> None:
-    bridge = checking(FakeBackend())
-    ring, out = HostRing(1 << 12), HostRing(1 << 12)
-    h = bridge.alloc_device(U8, 32)
-    bridge.host_to_device(put(ring, bytes(range(32))), DeviceRange(h, 0, 32))
+    bridge, _, h, out = outputs()
     o = out.reserve(32)
     bridge.device_to_host(DeviceRange(h, 0, 32), o)
     assert bytes(out.view(o)) == bytes(range(32))
