@@ -187,13 +187,15 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(run: object, seed:
     one is replaced (a new consumer takes over; a new producer adds records)."""
     ring: Run = run(16 << 10, 64)  # type: ignore[operator]
     rng = random.Random(seed)
-    deadline = time.monotonic() + 45 * max(1, KILLS // 50)
+    deadline = time.monotonic() + 90 * max(1, KILLS // 50)
     consumer = ring.consumer()
     producers = [ring.producer(1 << 30, 2048, until=True) for _ in range(2)]
     kills = {"consumer": 0, "producer": 0}
-    while sum(kills.values()) < KILLS:
-        assert time.monotonic() < deadline, f"{KILLS} kills did not fit in time ({kills})\n{ring.state()}"
-        if rng.random() < 0.5:
+    # past KILLS, only consumers, until one dies holding a record (a kill that lands while it waits
+    # in `take` proves nothing about redelivery; on a slow machine most can land there)
+    while sum(kills.values()) < KILLS or not ring.ring.stats()["redelivered"]:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{kills} kills, none redelivered in time\n{ring.state()}"
+        if sum(kills.values()) >= KILLS or rng.random() < 0.5:
             _kill_at_random(ring, rng, consumer, ring.consumed, "D")
             kills["consumer"] += 1
             consumer = ring.consumer()
