@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import difflib
-import shutil
-import subprocess
+import hashlib
 import sys
+import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devbridge.errors import CONTRACT_PATH
 from devbridge.spec import SEED_PATH, SPEC_PATH, Lifecycle, Rule, load
@@ -50,6 +53,21 @@ NO_CHECKOUT = "devbridge is installed, not run from its checkout"
 def anchor(rule_id: str) -> str:
     """The heading anchor of a rule in CONTRACT.md (GitHub's slug of the heading)."""
     return rule_id.lower()
+
+
+#: The pictures of the docs, by file name, with their alt text.
+TITLES = {
+    "lifecycle": "The lifecycle at a glance",
+    "lifecycle-full": "The lifecycle in full",
+    "ring-records": "A ring reservation's record",
+    "worker-stages": "A job's stages in the reference worker",
+}
+
+
+def picture(name: str) -> str:
+    """The mark before a Mermaid block of CONTRACT.md: the site shows docs/diagrams/{name}.svg in
+    its place (scripts/site_diagrams.py), GitHub renders the Mermaid."""
+    return f"<!-- diagram: {name}: {TITLES[name]} -->"
 
 
 # ------------------------------------------------------------ inputs
@@ -92,8 +110,12 @@ def rule_tests(tests_dir: Path) -> dict[str, dict[str, list[str]]]:
 # ------------------------------------------------------------ the graph
 
 
-def edges(table: Table) -> list[tuple[str, str, str]]:
-    """(source, dest, label) for every transition of the table, merged per (source, dest)."""
+#: (source, dest, the label's lines): one edge of a picture.
+Edge = tuple[str, str, list[str]]
+
+
+def edge_lines(table: Table) -> list[Edge]:
+    """(source, dest, labels) for every transition of the table, merged per (source, dest)."""
     labels: dict[tuple[str, str], list[str]] = {}
     for (state, event), steps in table.steps.items():
         for step in steps:
@@ -102,12 +124,17 @@ def edges(table: Table) -> list[tuple[str, str, str]]:
             guards = " and ".join(g if want else "not " + g for g, want in step.guards)
             label = event + (f" [{guards}]" if guards else "") + (" / release" if step.release else "")
             labels.setdefault((state, step.dest), []).append(label)
-    return [(s, d, "<br/>".join(ls)) for (s, d), ls in labels.items()]
+    return [(s, d, ls) for (s, d), ls in labels.items()]
 
 
-def folded(table: Table, lc: Lifecycle) -> str:
-    """The lifecycle at a glance: one node per state, one edge per pair of distinct states with
-    its events (no guards, no self-loops; `/ release` where the memory is released)."""
+def edges(table: Table) -> list[tuple[str, str, str]]:
+    """`edge_lines` with each edge's labels as one Mermaid label."""
+    return [(s, d, "<br/>".join(ls)) for s, d, ls in edge_lines(table)]
+
+
+def fold(table: Table) -> dict[tuple[str, str], list[str]]:
+    """The events that lead from one state to another, per pair of distinct states (no guards;
+    `/ release` where the memory is released)."""
     events: dict[tuple[str, str], list[str]] = {}
     for (state, event), steps in table.steps.items():
         for step in steps:
@@ -116,8 +143,14 @@ def folded(table: Table, lc: Lifecycle) -> str:
             names = events.setdefault((state, step.dest), [])
             if (name := event + (" / release" if step.release else "")) not in names:
                 names.append(name)
+    return events
+
+
+def folded(table: Table, lc: Lifecycle) -> str:
+    """The lifecycle at a glance: one node per state, one edge per pair of distinct states with
+    its events (no guards, no self-loops; `/ release` where the memory is released)."""
     lines = ["stateDiagram-v2", f"    [*] --> {lc.initial}"]
-    lines += [f"    {s} --> {d} : {', '.join(names)}" for (s, d), names in events.items()]
+    lines += [f"    {s} --> {d} : {', '.join(names)}" for (s, d), names in fold(table).items()]
     lines += [f"    {s} --> [*]" for s in lc.states if s in table.terminal]
     return "\n".join(lines)
 
@@ -127,13 +160,6 @@ def mermaid(table: Table, lc: Lifecycle) -> str:
     lines += [f"    {s} --> {d} : {label}" for s, d, label in edges(table)]
     lines += [f"    {s} --> [*]" for s in lc.states if s in table.terminal]
     return "\n".join(lines)
-
-
-def graphviz(table: Table, lc: Lifecycle) -> str:
-    lines = ["digraph lifecycle {", "  rankdir=LR; node [shape=box, style=rounded];"]
-    lines += [f"  {s} [peripheries=2];" for s in lc.states if s in table.terminal]
-    lines += [f'  {s} -> {d} [label="{label.replace("<br/>", chr(92) + "n")}"];' for s, d, label in edges(table)]
-    return "\n".join([*lines, "}"]) + "\n"
 
 
 def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests_dir: Path | None = None) -> str:
@@ -164,6 +190,7 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         "",
         "At a glance: each state, and the events that lead from one to another.",
         "",
+        picture("lifecycle"),
         "```mermaid",
         folded(table, lc),
         "```",
@@ -171,6 +198,7 @@ def generate(spec_path: Path | None = None, seed_path: Path | None = None, tests
         "In full: every step of the compiled table, with its guards and the steps that stay in a",
         "state (the counters change).",
         "",
+        picture("lifecycle-full"),
         "```mermaid",
         mermaid(table, lc),
         "```",
@@ -281,7 +309,8 @@ def _ordering_summary(lc: Lifecycle) -> list[str]:
 
 def _ring_summary(ring: RingProtocol) -> list[str]:
     """The records of a ring, from spec/ring.toml: each reservation's states and transitions."""
-    rows = ["Each reservation of a ring is a record with these states (spec/ring.toml):", "", "```mermaid"]
+    rows = ["Each reservation of a ring is a record with these states (spec/ring.toml):", "", picture("ring-records")]
+    rows += ["```mermaid"]
     rows += ["stateDiagram-v2", f"    [*] --> {ring.initial}"]
     rows += [f"    {t.source} --> {t.dest}: {t.event}" for t in ring.transitions]
     rows += [f"    {s.name} --> [*]" for s in ring.states.values() if s.terminal]
@@ -328,15 +357,130 @@ def _check_alignment(lc: Lifecycle, bullets: list[tuple[str, str]], tests: dict[
             raise DocsError(f"rule {missing[0]} has no test marked @pytest.mark.{kind}")
 
 
+# ------------------------------------------------------------ the pictures
+
+#: Where the pictures go in the checkout: beside the pages that show them (MkDocs copies them).
+DIAGRAMS_DIR = Path("docs") / "diagrams"
+FONT = "Helvetica,Arial,sans-serif"
+#: The first line after the SVG's XML declaration: the digest of the DOT source it was drawn from.
+STAMP = "<!-- drawn by devbridge docs from DOT source sha256:{} -->"
+
+
+@dataclass(frozen=True)
+class Diagram:
+    """One state graph of the docs, as Graphviz source; drawn to `{name}.svg`."""
+
+    name: str  # a key of TITLES
+    dot: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.dot.encode()).hexdigest()
+
+
+def state_graph(
+    states: Sequence[str], initial: str, terminal: Sequence[str], moves: Sequence[Edge], rankdir: str = "LR"
+) -> str:
+    """The DOT source of a state graph: laid out by `transitions`' GraphMachine (the design card's
+    state-machine library, whose diagrams Graphviz draws); one edge per (source, dest) with its
+    label's lines, a start point before `initial`, and the terminal states ringed twice."""
+    from transitions.extensions import GraphMachine
+
+    styles: dict[str, Any] = copy.deepcopy(GraphMachine.style_attributes)
+    styles["node"]["active"] = styles["node"]["default"]  # the model's state is not the picture's
+    styles["node"]["default"]["fontname"] = styles["edge"]["default"]["fontname"] = FONT
+    model: Any = types.SimpleNamespace()
+    machine = GraphMachine(
+        model=model,
+        states=list(states),
+        initial=initial,
+        transitions=[
+            {"trigger": f"move{i}", "source": s, "dest": d, "label": "\\n".join(lines)}
+            for i, (s, d, lines) in enumerate(moves)
+        ],
+        auto_transitions=False,
+        title="",
+        graph_engine="graphviz",
+    )
+    machine.style_attributes = styles
+    machine.machine_attributes = {**machine.machine_attributes, "rankdir": rankdir}
+    graph = model.get_graph()
+    graph.node("start", label="", shape="point", width="0.12")
+    graph.edge("start", initial)
+    for state in terminal:
+        graph.node(state, peripheries="2")
+    return str(graph.source)
+
+
+def diagrams(lc: Lifecycle, table: Table, ring: RingProtocol) -> list[Diagram]:
+    """Every state graph the docs show, from the spec the runtime reads (and the reference
+    worker's stages from its own table, `MOVES`)."""
+    from devbridge.apps.worker.jobs import MOVES, Stage
+
+    terminal = [s for s in lc.states if s in table.terminal]
+    pairs = fold(table)
+    folded_edges = [(s, d, [", ".join(names)]) for (s, d), names in pairs.items()]
+    full_edges = [(s, d, labels) for s, d, labels in edge_lines(table)]
+    ring_edges: dict[tuple[str, str], list[str]] = {}
+    for t in ring.transitions:
+        ring_edges.setdefault((t.source, t.dest), []).append(t.event)
+    ring_terminal = [s.name for s in ring.states.values() if s.terminal]
+    ends = [s for s in Stage if not any(at is s for at, _ in MOVES)]
+    stages = [(a.name, b.name, [why]) for (a, b), why in MOVES.items()]
+    return [
+        Diagram(
+            "lifecycle",
+            state_graph(list(lc.states), lc.initial, terminal, folded_edges, "TB"),
+        ),
+        Diagram(
+            "lifecycle-full",
+            state_graph(list(lc.states), lc.initial, terminal, full_edges, "TB"),
+        ),
+        Diagram(
+            "ring-records",
+            state_graph(
+                list(ring.states), ring.initial, ring_terminal, [(s, d, e) for (s, d), e in ring_edges.items()]
+            ),
+        ),
+        Diagram(
+            "worker-stages",
+            state_graph([s.name for s in Stage], Stage.SLOT.name, [s.name for s in ends], stages, "TB"),
+        ),
+    ]
+
+
+def draw(diagram: Diagram) -> str:
+    """The SVG of `diagram`, stamped with the digest of its source (needs Graphviz's `dot`)."""
+    import graphviz
+
+    svg = graphviz.Source(diagram.dot).pipe(format="svg", encoding="utf-8")
+    head, sep, rest = svg.partition("\n")
+    if not head.startswith("<?xml"):
+        head, sep, rest = "", "", svg
+    return f"{head}{sep}{STAMP.format(diagram.digest)}\n{rest}"
+
+
+def stale_pictures(folder: Path, wanted: Sequence[Diagram]) -> list[str]:
+    """The pictures in `folder` that are missing or not drawn from `wanted`'s sources, and the
+    SVGs there that no diagram draws (each as a line of why)."""
+    problems = []
+    for d in wanted:
+        path = folder / f"{d.name}.svg"
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif STAMP.format(d.digest) not in path.read_text().split("\n", 2)[:2]:
+            problems.append(f"{path} was not drawn from the spec as it is")
+    names = {f"{d.name}.svg" for d in wanted}
+    problems += [f"{p} is drawn from nothing" for p in sorted(folder.glob("*.svg")) if p.name not in names]
+    return problems
+
+
 # ------------------------------------------------------------ command line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="devbridge docs", description=__doc__)
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the committed file is not what would be written"
-    )
-    parser.add_argument("--svg", action="store_true", help="also write the diagram as SVG (needs Graphviz's dot)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is not what would be written")
     parser.add_argument("--spec", type=Path, default=None, help="lifecycle spec (default: the packaged one)")
     parser.add_argument("--seed", type=Path, default=None, help="the contract (default: spec/SEED.md)")
     parser.add_argument("--tests", type=Path, default=None, help="tests folder (default: the checkout's tests/)")
@@ -346,35 +490,79 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="output (default: the checkout's spec/CONTRACT.md; --check: the packaged one)",
     )
+    parser.add_argument(
+        "--diagrams",
+        type=Path,
+        default=None,
+        help="where the SVG pictures go (default: the checkout's docs/diagrams, or beside --out)",
+    )
     args = parser.parse_args(argv)
     root = checkout()
     if args.out is None and root is None and not args.check:
         print(f"devbridge docs: {NO_CHECKOUT}: pass --out PATH (the package is not written into)", file=sys.stderr)
         return 2
     out = args.out or (root or source_root()) / CONTRACT_PATH
+    folder = args.diagrams or (out.parent / "diagrams" if args.out else root / DIAGRAMS_DIR if root else None)
     try:
         text = generate(args.spec, args.seed, args.tests)
+        pictures = drawn_from(args.spec) if folder is not None else []
     except DocsError as e:
         print(f"devbridge docs: {e}", file=sys.stderr)
         return 2
     if args.check:
-        current = out.read_text() if out.exists() else ""
-        if current == text:
-            print(f"{out} is up to date")
-            return 0
+        return check(out, text, folder, pictures)
+    out.write_text(text)
+    print(f"wrote {out}")
+    if folder is None:
+        return 0
+    return write_pictures(folder, pictures)
+
+
+def drawn_from(spec: Path | None) -> list[Diagram]:
+    """The docs' diagrams from the spec at `spec` (default: the packaged one)."""
+    try:
+        import graphviz  # noqa: F401  (transitions' GraphMachine draws with it)
+    except ImportError:
+        raise DocsError("the diagrams need the graphviz package (the docs extra: pip install graphviz)") from None
+    lc = load(spec)
+    return diagrams(lc, compile_table(lc), load_ring())
+
+
+def check(out: Path, text: str, folder: Path | None, pictures: Sequence[Diagram]) -> int:
+    """0 when `out` holds `text` and every picture in `folder` is drawn from `pictures`; else 1,
+    with a diff or the stale pictures (an installed wheel, with no folder, checks the text only)."""
+    current = out.read_text() if out.exists() else ""
+    stale = stale_pictures(folder, pictures) if folder is not None else []
+    if current == text and not stale:
+        print(f"{out} is up to date" + (f", and the pictures in {folder}" if folder is not None else ""))
+        return 0
+    if current != text:
         diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(out), "generated", lineterm="", n=1)
         print(f"{out} differs from what `devbridge docs` would write:", file=sys.stderr)
         print("\n".join(list(diff)[:40]), file=sys.stderr)
+    for line in stale:
+        print(f"{line}: run `devbridge docs`", file=sys.stderr)
+    return 1
+
+
+def write_pictures(folder: Path, pictures: Sequence[Diagram]) -> int:
+    """Draw each picture into `folder` (unchanged ones are left alone) and remove SVGs no
+    diagram draws; 1 when Graphviz's `dot` is not installed."""
+    try:
+        import graphviz
+
+        graphviz.version()
+    except (ImportError, RuntimeError, OSError) as e:  # graphviz.ExecutableNotFound is a RuntimeError
+        print(f"devbridge docs: the pictures need Graphviz (apt install graphviz; pip install graphviz): {e}")
         return 1
-    out.write_text(text)
-    print(f"wrote {out}")
-    if args.svg:
-        dot = shutil.which("dot")
-        if dot is None:
-            print("Graphviz's dot is not installed: no SVG (the Markdown is complete without it)")
-        else:
-            svg = out.with_suffix(".svg")
-            lc = load(args.spec)
-            subprocess.run([dot, "-Tsvg", "-o", str(svg)], input=graphviz(compile_table(lc), lc), text=True, check=True)
-            print(f"wrote {svg}")
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = {line.split(" ", 1)[0] for line in stale_pictures(folder, pictures)}
+    for d in pictures:
+        if str(path := folder / f"{d.name}.svg") in stale:
+            path.write_text(draw(d))
+            print(f"wrote {path}")
+    for path in folder.glob("*.svg"):
+        if path.name not in {f"{d.name}.svg" for d in pictures}:
+            path.unlink()
+            print(f"removed {path} (drawn from nothing)")
     return 0

@@ -5,7 +5,7 @@ object's stages and their table are in jobs.py."""
 
 from devbridge.apps.worker.devices import DEVICE_IDLE_S, DeviceRun, DevicesSummary, run_devices
 from devbridge.apps.worker.drivers import RANDOM_FAULTS, backend_name, check_demo, device_worker, run_demo
-from devbridge.apps.worker.jobs import STAGES, Job, Slot, Stage, StageError
+from devbridge.apps.worker.jobs import MOVES, STAGES, Job, Slot, Stage, StageError
 from devbridge.apps.worker.pipeline import GIVE_UP_AFTER, IDLE_WAIT_S, Summary, Worker, WorkerStalled
 from devbridge.apps.worker.workload import (
     TOLERANCE,
@@ -23,6 +23,7 @@ __all__ = [
     "DEVICE_IDLE_S",
     "GIVE_UP_AFTER",
     "IDLE_WAIT_S",
+    "MOVES",
     "RANDOM_FAULTS",
     "STAGES",
     "TOLERANCE",

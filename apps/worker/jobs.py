@@ -23,18 +23,26 @@ class Stage(enum.Enum):
     REJECTED = "rejected"  # its input changed under its upload (the host-bytes check): not delivered
 
 
-#: The pipeline's transitions: every stage change a job makes is one of these. SLOT is also where
-#: a restart sends every job, and where a copy that failed to start is retried from.
-STAGES: dict[Stage, frozenset[Stage]] = {
-    Stage.SLOT: frozenset({Stage.UPLOAD}),
-    # a failed upload is redone; one whose input changed under it is rejected
-    Stage.UPLOAD: frozenset({Stage.UPLOAD, Stage.COMPUTE, Stage.SLOT, Stage.REJECTED}),
-    Stage.COMPUTE: frozenset({Stage.DOWNLOAD, Stage.SLOT}),
-    # a failed download is redone; after a failed compute the object starts over from its upload
-    Stage.DOWNLOAD: frozenset({Stage.DOWNLOAD, Stage.COMPUTE, Stage.UPLOAD, Stage.SLOT, Stage.DELIVERED}),
-    Stage.DELIVERED: frozenset(),
-    Stage.REJECTED: frozenset(),
+#: The pipeline's transitions, each with why a job takes it (the guide's diagram is drawn from
+#: these). SLOT is also where a restart sends every job, and where a copy that failed to start is
+#: retried from.
+MOVES: dict[tuple[Stage, Stage], str] = {
+    (Stage.SLOT, Stage.UPLOAD): "a slot is free",
+    (Stage.UPLOAD, Stage.COMPUTE): "MLP submitted",
+    (Stage.UPLOAD, Stage.UPLOAD): "upload failed",
+    (Stage.UPLOAD, Stage.SLOT): "restart / retry failed to start",
+    (Stage.UPLOAD, Stage.REJECTED): "input changed under it",
+    (Stage.COMPUTE, Stage.DOWNLOAD): "room in the output ring",
+    (Stage.COMPUTE, Stage.SLOT): "restart",
+    (Stage.DOWNLOAD, Stage.DELIVERED): "output taken and checked",
+    (Stage.DOWNLOAD, Stage.DOWNLOAD): "download failed",
+    (Stage.DOWNLOAD, Stage.UPLOAD): "compute failed",
+    (Stage.DOWNLOAD, Stage.COMPUTE): "retry failed to start",
+    (Stage.DOWNLOAD, Stage.SLOT): "restart / new upload failed to start",
 }
+
+#: The stages each stage may move to (MOVES without the reasons).
+STAGES: dict[Stage, frozenset[Stage]] = {stage: frozenset(to for at, to in MOVES if at is stage) for stage in Stage}
 
 
 class StageError(RuntimeError):

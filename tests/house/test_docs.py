@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -112,11 +113,98 @@ def test_errors_name_their_rule_and_its_anchor() -> None:
     assert "\n#### FREE-2\n" in (source_root() / CONTRACT_PATH).read_text()  # GitHub's anchor of that heading
 
 
-def test_svg_is_written_where_graphviz_is_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def dot_edges(dot: str) -> dict[tuple[str, str], str]:
+    """(source, dest) -> label of every edge of a picture's Graphviz source."""
+    return {
+        (a, b): label.strip('"') for a, b, label in re.findall(r"^\t(\w+) -> (\w+) \[label=(\"[^\"]*\"|\w+)", dot, re.M)
+    }
+
+
+def pictures() -> dict[str, str]:
+    """name -> Graphviz source of every picture the docs show, from the spec."""
+    return {d.name: d.dot for d in DOCS.drawn_from(None)}
+
+
+def test_the_pictures_have_every_transition_of_their_spec() -> None:
+    drawn = pictures()
+    assert sorted(drawn) == ["lifecycle", "lifecycle-full", "ring-records", "worker-stages"]
+    lc = load()
+    folded = dot_edges(drawn["lifecycle"])
+    assert set(folded) == {(t.source, t.dest) for t in lc.transitions if t.source != t.dest}
+    assert f"\tstart -> {lc.initial}\n" in drawn["lifecycle"]
+    full = dot_edges(drawn["lifecycle-full"])
+    for t in lc.transitions:
+        assert t.event in full[(t.source, t.dest)], t
+    assert "[not last_copy]" in full[("copying", "copying")]  # the guards, and the steps that stay
+    from devbridge.spec.ring import load_ring
+
+    records = dot_edges(drawn["ring-records"])
+    for r in load_ring().transitions:
+        assert r.event in records[(r.source, r.dest)].split("\\n"), r
+    from devbridge.apps.worker import MOVES, STAGES
+
+    stages = dot_edges(drawn["worker-stages"])
+    assert {k: v for k, v in stages.items() if k[0] != "start"} == {
+        (a.name, b.name): why for (a, b), why in MOVES.items()
+    }
+    assert {(a, b) for a, tos in STAGES.items() for b in tos} == set(MOVES)
+    for terminal in ("freed", "stale"):
+        assert f"\t{terminal} [peripheries=2]" in drawn["lifecycle"]
+
+
+def test_the_committed_pictures_are_the_spec_s_and_a_stale_one_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each SVG carries the digest of the source it was drawn from: `--check` tells a stale,
+    missing or stray picture without drawing, and `devbridge docs` redraws only what changed."""
+    out, folder = tmp_path / "CONTRACT.md", tmp_path / "diagrams"
+    assert main(["docs", "--out", str(out)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{n}.svg" for n in pictures())
+    for name, dot in pictures().items():
+        svg = (folder / f"{name}.svg").read_text()
+        assert DOCS.STAMP.format(hashlib.sha256(dot.encode()).hexdigest()) in svg.splitlines()[:2]
+        assert "<svg" in svg and "</svg>" in svg
+    committed = source_root() / "docs" / "diagrams"
+    assert {p.name for p in committed.glob("*.svg")} == {p.name for p in folder.iterdir()}
+    capsys.readouterr()
+    assert main(["docs", "--out", str(out), "--check"]) == 0
+    from devbridge.apps.worker import jobs
+
+    monkeypatch.setitem(jobs.MOVES, (jobs.Stage.COMPUTE, jobs.Stage.SLOT), "restart (renamed)")
+    assert main(["docs", "--out", str(out), "--check"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == f"{folder / 'worker-stages.svg'} was not drawn from the spec as it is: run `devbridge docs`"
+    )
+    assert main(["docs", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [f"wrote {folder / 'worker-stages.svg'}"]
+    assert main(["docs", "--out", str(out), "--check"]) == 0
+    (folder / "lifecycle.svg").unlink()
+    (folder / "old.svg").write_text("<svg/>")
+    assert main(["docs", "--out", str(out), "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{folder / 'lifecycle.svg'} is missing: run `devbridge docs`",
+        f"{folder / 'old.svg'} is drawn from nothing: run `devbridge docs`",
+    ]
+
+
+def test_without_graphviz_s_dot_the_contract_is_written_and_the_pictures_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import graphviz
+
+    def missing(*args: object) -> None:
+        raise graphviz.ExecutableNotFound(("dot",))
+
+    monkeypatch.setattr(graphviz, "version", missing)
     out = tmp_path / "CONTRACT.md"
-    assert main(["docs", "--svg", "--out", str(out)]) == 0
-    if shutil.which("dot"):
-        assert out.with_suffix(".svg").read_text().lstrip().startswith(("<?xml", "<svg"))
-    else:
-        assert "no SVG" in capsys.readouterr().out and not out.with_suffix(".svg").exists()
-    assert out.read_text().startswith("# devbridge contract")
+    assert main(["docs", "--out", str(out)]) == 1
+    assert out.read_text().startswith("# devbridge contract") and not (tmp_path / "diagrams").exists()
+    assert "the pictures need Graphviz (apt install graphviz" in capsys.readouterr().out
+
+
+def test_every_mermaid_block_of_the_contract_is_marked_with_its_picture() -> None:
+    doc = (source_root() / CONTRACT_PATH).read_text()
+    marks = re.findall(r"^<!-- diagram: ([\w-]+): (.+) -->\n```mermaid\n", doc, re.M)
+    assert [name for name, _ in marks] == ["lifecycle", "lifecycle-full", "ring-records"]
+    assert doc.count("```mermaid") == len(marks) and all(title == DOCS.TITLES[n] for n, title in marks)

@@ -25,7 +25,6 @@ BIN = Path(sys.executable).parent
 #: Run verbatim: the line -> its timeout in seconds.
 RUN = {
     "devbridge docs --check": 120,
-    "devbridge docs --svg": 120,
     ".venv/bin/python scripts/package_tree.py": 300,
     (
         "devbridge check --tier values --values-depth all --allocations 1 --restarts 1 --in-flight 2 "
@@ -47,6 +46,10 @@ CHECKED = {
     "devbridge docs": ("devbridge docs --help", "writes spec/CONTRACT.md in the checkout: `--check` runs it"),
     "devbridge check": ("devbridge check --help", "the default bound takes a minute per CPU"),
     "scripts/mutate": ("scripts/mutate --help", "two hours"),
+    ".venv/bin/python scripts/docs_shots.py --keep": (
+        ".venv/bin/python scripts/docs_shots.py --help",
+        "needs Chromium, which CI does not install",
+    ),
     "scripts/mutate --files ring/host.py": ("scripts/mutate --help", "a quarter of an hour"),
     "scripts/mutate --resume": ("scripts/mutate --help", "continues a run CI never started"),
     "scripts/mutate --again": ("scripts/mutate --help", "reruns a run CI never made"),
