@@ -15,6 +15,7 @@ import ast
 import copy
 import difflib
 import hashlib
+import json
 import sys
 import types
 from collections.abc import Sequence
@@ -362,20 +363,32 @@ def _check_alignment(lc: Lifecycle, bullets: list[tuple[str, str]], tests: dict[
 #: Where the pictures go in the checkout: beside the pages that show them (MkDocs copies them).
 DIAGRAMS_DIR = Path("docs") / "diagrams"
 FONT = "Helvetica,Arial,sans-serif"
-#: The first line after the SVG's XML declaration: the digest of the DOT source it was drawn from.
-STAMP = "<!-- drawn by devbridge docs from DOT source sha256:{} -->"
+#: The first line after the SVG's XML declaration: the digest of the graph it was drawn from.
+STAMP = "<!-- drawn by devbridge docs from the graph sha256:{} -->"
 
 
 @dataclass(frozen=True)
 class Diagram:
-    """One state graph of the docs, as Graphviz source; drawn to `{name}.svg`."""
+    """One state graph of the docs (drawn to `{name}.svg`): its states, the initial and the
+    terminal ones, and its edges with their labels' lines."""
 
     name: str  # a key of TITLES
-    dot: str
+    states: list[str]
+    initial: str
+    terminal: list[str]
+    moves: list[Edge]
+    rankdir: str = "LR"
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(self.dot.encode()).hexdigest()
+        """Of what the picture shows, not of how the libraries spell it: a stale picture is one
+        whose graph changed (a newer Graphviz that draws the same graph differently is not)."""
+        graph = [self.states, self.initial, self.terminal, self.moves, self.rankdir]
+        return hashlib.sha256(json.dumps(graph).encode()).hexdigest()
+
+    @property
+    def dot(self) -> str:
+        return state_graph(self.states, self.initial, self.terminal, self.moves, self.rankdir)
 
 
 def state_graph(
@@ -424,33 +437,20 @@ def diagrams(lc: Lifecycle, table: Table, ring: RingProtocol) -> list[Diagram]:
     ring_edges: dict[tuple[str, str], list[str]] = {}
     for t in ring.transitions:
         ring_edges.setdefault((t.source, t.dest), []).append(t.event)
+    ring_edges_lines = [(s, d, events) for (s, d), events in ring_edges.items()]
     ring_terminal = [s.name for s in ring.states.values() if s.terminal]
     ends = [s for s in Stage if not any(at is s for at, _ in MOVES)]
     stages = [(a.name, b.name, [why]) for (a, b), why in MOVES.items()]
     return [
-        Diagram(
-            "lifecycle",
-            state_graph(list(lc.states), lc.initial, terminal, folded_edges, "TB"),
-        ),
-        Diagram(
-            "lifecycle-full",
-            state_graph(list(lc.states), lc.initial, terminal, full_edges, "TB"),
-        ),
-        Diagram(
-            "ring-records",
-            state_graph(
-                list(ring.states), ring.initial, ring_terminal, [(s, d, e) for (s, d), e in ring_edges.items()]
-            ),
-        ),
-        Diagram(
-            "worker-stages",
-            state_graph([s.name for s in Stage], Stage.SLOT.name, [s.name for s in ends], stages, "TB"),
-        ),
+        Diagram("lifecycle", list(lc.states), lc.initial, terminal, folded_edges, "TB"),
+        Diagram("lifecycle-full", list(lc.states), lc.initial, terminal, full_edges, "TB"),
+        Diagram("ring-records", list(ring.states), ring.initial, ring_terminal, list(ring_edges_lines)),
+        Diagram("worker-stages", [s.name for s in Stage], Stage.SLOT.name, [s.name for s in ends], stages, "TB"),
     ]
 
 
 def draw(diagram: Diagram) -> str:
-    """The SVG of `diagram`, stamped with the digest of its source (needs Graphviz's `dot`)."""
+    """The SVG of `diagram`, stamped with the digest of its graph (needs Graphviz's `dot`)."""
     import graphviz
 
     svg = graphviz.Source(diagram.dot).pipe(format="svg", encoding="utf-8")
