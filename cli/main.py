@@ -55,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--jit", action="store_true", help="the TinyJit pattern: views as arguments, and a captured view reported"
     )
     commands.add_parser(
-        "docs", help="write spec/CONTRACT.md from the spec (--check, --svg; see docs -h)", add_help=False
+        "docs",
+        help="write spec/CONTRACT.md and the docs' diagrams from the spec (--check; see docs -h)",
+        add_help=False,
     )
     check = commands.add_parser(
         "check",
