@@ -1,11 +1,12 @@
-"""`devbridge docs`: write spec/CONTRACT.md from the spec and the table compiled from it.
+"""`devbridge docs`: write spec/CONTRACT.md, and the docs' state graphs as SVG pictures
+(docs/diagrams/), from the spec and the table compiled from it.
 
-Nothing in the document is written by hand: the state diagram and the
-transition table are drawn from the compiled table the runtime reads
-(`statemachine.Table`, proven equal to the `transitions.Machine`), the rest from the spec,
-the contract clauses from spec/SEED.md (each must map to a rule), and the
-proving tests from the tests' `holds`/`rejects` markers. `--check` compares
-the committed file with what would be written.
+Nothing in them is written by hand: the state diagrams and the transition table are drawn
+from the compiled table the runtime reads (`statemachine.Table`, proven equal to the
+`transitions.Machine`), the rest from the spec, the contract clauses from spec/SEED.md (each
+must map to a rule), and the proving tests from the tests' `holds`/`rejects` markers. The
+pictures need Graphviz. `--check` compares the committed contract with what would be written
+and each picture's stamp with the digest of what it would be drawn from (no Graphviz needed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ast
 import copy
 import difflib
 import hashlib
+import inspect
 import json
 import sys
 import types
@@ -363,8 +365,9 @@ def _check_alignment(lc: Lifecycle, bullets: list[tuple[str, str]], tests: dict[
 #: Where the pictures go in the checkout: beside the pages that show them (MkDocs copies them).
 DIAGRAMS_DIR = Path("docs") / "diagrams"
 FONT = "Helvetica,Arial,sans-serif"
-#: The first line after the SVG's XML declaration: the digest of the graph it was drawn from.
-STAMP = "<!-- drawn by devbridge docs from the graph sha256:{} -->"
+#: The first line after the SVG's XML declaration: the digest of what it was drawn from.
+STAMP_PREFIX = "<!-- drawn by devbridge docs from sha256:"
+STAMP = STAMP_PREFIX + "{} -->"
 
 
 @dataclass(frozen=True)
@@ -373,30 +376,33 @@ class Diagram:
     terminal ones, and its edges with their labels' lines."""
 
     name: str  # a key of TITLES
-    states: list[str]
+    states: tuple[str, ...]
     initial: str
-    terminal: list[str]
-    moves: list[Edge]
+    terminal: tuple[str, ...]
+    moves: tuple[Edge, ...]
     rankdir: str = "LR"
 
     @property
     def digest(self) -> str:
-        """Of what the picture shows, not of how the libraries spell it: a stale picture is one
-        whose graph changed (a newer Graphviz that draws the same graph differently is not)."""
-        graph = [self.states, self.initial, self.terminal, self.moves, self.rankdir]
-        return hashlib.sha256(json.dumps(graph).encode()).hexdigest()
+        """Of the graph and of how this module draws it (`state_graph`'s code, the font): a
+        picture is stale when either changed. No library's spelling of it is read, so a machine
+        with another Graphviz tells a stale picture the same."""
+        drawing = [self.name, self.states, self.initial, self.terminal, self.moves, self.rankdir, FONT]
+        return hashlib.sha256((json.dumps(drawing) + inspect.getsource(state_graph)).encode()).hexdigest()
 
     @property
     def dot(self) -> str:
-        return state_graph(self.states, self.initial, self.terminal, self.moves, self.rankdir)
+        """Its Graphviz source."""
+        return state_graph(self.name, self.states, self.initial, self.terminal, self.moves, self.rankdir)
 
 
 def state_graph(
-    states: Sequence[str], initial: str, terminal: Sequence[str], moves: Sequence[Edge], rankdir: str = "LR"
+    name: str, states: Sequence[str], initial: str, terminal: Sequence[str], moves: Sequence[Edge], rankdir: str
 ) -> str:
-    """The DOT source of a state graph: laid out by `transitions`' GraphMachine (the design card's
-    state-machine library, whose diagrams Graphviz draws); one edge per (source, dest) with its
-    label's lines, a start point before `initial`, and the terminal states ringed twice."""
+    """The Graphviz source of a state graph, built by `transitions`' GraphMachine (the design
+    card's state-machine library; Graphviz's `dot` lays it out and draws it): one edge per
+    (source, dest) with its label's lines, a start point before `initial`, and the terminal states
+    ringed twice."""
     from transitions.extensions import GraphMachine
 
     styles: dict[str, Any] = copy.deepcopy(GraphMachine.style_attributes)
@@ -418,6 +424,7 @@ def state_graph(
     machine.style_attributes = styles
     machine.machine_attributes = {**machine.machine_attributes, "rankdir": rankdir}
     graph = model.get_graph()
+    graph.name = name  # the SVG's <title>
     graph.node("start", label="", shape="point", width="0.12")
     graph.edge("start", initial)
     for state in terminal:
@@ -430,27 +437,36 @@ def diagrams(lc: Lifecycle, table: Table, ring: RingProtocol) -> list[Diagram]:
     worker's stages from its own table, `MOVES`)."""
     from devbridge.apps.worker.jobs import MOVES, Stage
 
-    terminal = [s for s in lc.states if s in table.terminal]
-    pairs = fold(table)
-    folded_edges = [(s, d, [", ".join(names)]) for (s, d), names in pairs.items()]
-    full_edges = [(s, d, labels) for s, d, labels in edge_lines(table)]
-    ring_edges: dict[tuple[str, str], list[str]] = {}
+    states, terminal = tuple(lc.states), tuple(s for s in lc.states if s in table.terminal)
+    folded = tuple((s, d, [", ".join(names)]) for (s, d), names in fold(table).items())
+    records: dict[tuple[str, str], list[str]] = {}
     for t in ring.transitions:
-        ring_edges.setdefault((t.source, t.dest), []).append(t.event)
-    ring_edges_lines = [(s, d, events) for (s, d), events in ring_edges.items()]
-    ring_terminal = [s.name for s in ring.states.values() if s.terminal]
-    ends = [s for s in Stage if not any(at is s for at, _ in MOVES)]
-    stages = [(a.name, b.name, [why]) for (a, b), why in MOVES.items()]
+        records.setdefault((t.source, t.dest), []).append(t.event)
+    stages = tuple(s.name for s in Stage)
+    ends = tuple(s.name for s in Stage if not any(at is s for at, _ in MOVES))
     return [
-        Diagram("lifecycle", list(lc.states), lc.initial, terminal, folded_edges, "TB"),
-        Diagram("lifecycle-full", list(lc.states), lc.initial, terminal, full_edges, "TB"),
-        Diagram("ring-records", list(ring.states), ring.initial, ring_terminal, list(ring_edges_lines)),
-        Diagram("worker-stages", [s.name for s in Stage], Stage.SLOT.name, [s.name for s in ends], stages, "TB"),
+        Diagram("lifecycle", states, lc.initial, terminal, folded, "TB"),
+        Diagram("lifecycle-full", states, lc.initial, terminal, tuple(edge_lines(table)), "TB"),
+        Diagram(
+            "ring-records",
+            tuple(ring.states),
+            ring.initial,
+            tuple(s.name for s in ring.states.values() if s.terminal),
+            tuple((s, d, events) for (s, d), events in records.items()),
+        ),
+        Diagram(
+            "worker-stages",
+            stages,
+            Stage.SLOT.name,
+            ends,
+            tuple((a.name, b.name, [why]) for (a, b), why in MOVES.items()),
+            "TB",
+        ),
     ]
 
 
 def draw(diagram: Diagram) -> str:
-    """The SVG of `diagram`, stamped with the digest of its graph (needs Graphviz's `dot`)."""
+    """The SVG of `diagram`, stamped with its digest (needs Graphviz's `dot`)."""
     import graphviz
 
     svg = graphviz.Source(diagram.dot).pipe(format="svg", encoding="utf-8")
@@ -460,18 +476,22 @@ def draw(diagram: Diagram) -> str:
     return f"{head}{sep}{STAMP.format(diagram.digest)}\n{rest}"
 
 
-def stale_pictures(folder: Path, wanted: Sequence[Diagram]) -> list[str]:
-    """The pictures in `folder` that are missing or not drawn from `wanted`'s sources, and the
-    SVGs there that no diagram draws (each as a line of why)."""
-    problems = []
+def stale_pictures(folder: Path, wanted: Sequence[Diagram]) -> dict[Path, str]:
+    """The pictures in `folder` to draw again or remove, each with why: missing, not drawn from
+    what `wanted` holds now (its stamp, or an SVG cut short), or drawn by this command from a
+    diagram that is gone (other SVGs in the folder are not ours and are left alone)."""
+    problems = {}
     for d in wanted:
         path = folder / f"{d.name}.svg"
-        if not path.is_file():
-            problems.append(f"{path} is missing")
-        elif STAMP.format(d.digest) not in path.read_text().split("\n", 2)[:2]:
-            problems.append(f"{path} was not drawn from the spec as it is")
+        lines = path.read_text().splitlines() if path.is_file() else []
+        if not lines:
+            problems[path] = "is missing"
+        elif STAMP.format(d.digest) not in lines[:2] or not lines[-1].endswith("</svg>"):
+            problems[path] = "was not drawn from the spec as it is"
     names = {f"{d.name}.svg" for d in wanted}
-    problems += [f"{p} is drawn from nothing" for p in sorted(folder.glob("*.svg")) if p.name not in names]
+    for path in sorted(folder.glob("*.svg")):
+        if path.name not in names and STAMP_PREFIX in "".join(path.read_text().splitlines()[:2]):
+            problems[path] = "is drawn from nothing"
     return problems
 
 
@@ -494,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--diagrams",
         type=Path,
         default=None,
-        help="where the SVG pictures go (default: the checkout's docs/diagrams, or beside --out)",
+        help="where the SVG pictures go (default: the checkout's docs/diagrams, or a diagrams/ folder beside "
+        "an --out elsewhere)",
     )
     args = parser.parse_args(argv)
     root = checkout()
@@ -502,10 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devbridge docs: {NO_CHECKOUT}: pass --out PATH (the package is not written into)", file=sys.stderr)
         return 2
     out = args.out or (root or source_root()) / CONTRACT_PATH
-    folder = args.diagrams or (out.parent / "diagrams" if args.out else root / DIAGRAMS_DIR if root else None)
+    folder = args.diagrams or pictures_folder(out, root)
     try:
         text = generate(args.spec, args.seed, args.tests)
-        pictures = drawn_from(args.spec) if folder is not None else []
+        lc = load(args.spec)
+        pictures = diagrams(lc, compile_table(lc), load_ring()) if folder is not None else []
     except DocsError as e:
         print(f"devbridge docs: {e}", file=sys.stderr)
         return 2
@@ -513,26 +535,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(out, text, folder, pictures)
     out.write_text(text)
     print(f"wrote {out}")
-    if folder is None:
-        return 0
-    return write_pictures(folder, pictures)
+    return 0 if folder is None else write_pictures(folder, pictures)
 
 
-def drawn_from(spec: Path | None) -> list[Diagram]:
-    """The docs' diagrams from the spec at `spec` (default: the packaged one)."""
-    try:
-        import graphviz  # noqa: F401  (transitions' GraphMachine draws with it)
-    except ImportError:
-        raise DocsError("the diagrams need the graphviz package (the docs extra: pip install graphviz)") from None
-    lc = load(spec)
-    return diagrams(lc, compile_table(lc), load_ring())
+def pictures_folder(out: Path, root: Path | None) -> Path | None:
+    """Where the pictures of a contract written to `out` go: the checkout's docs/diagrams for its
+    own CONTRACT.md; a diagrams/ folder beside any other; none for an installed wheel's."""
+    if root is not None and out.resolve() == (root / CONTRACT_PATH).resolve():
+        return root / DIAGRAMS_DIR
+    return (
+        None if root is None and out.resolve() == (source_root() / CONTRACT_PATH).resolve() else out.parent / "diagrams"
+    )
 
 
 def check(out: Path, text: str, folder: Path | None, pictures: Sequence[Diagram]) -> int:
     """0 when `out` holds `text` and every picture in `folder` is drawn from `pictures`; else 1,
-    with a diff or the stale pictures (an installed wheel, with no folder, checks the text only)."""
+    with a diff or the stale pictures (an installed wheel, with no folder, checks the text only).
+    Draws nothing: it reads the pictures' stamps."""
     current = out.read_text() if out.exists() else ""
-    stale = stale_pictures(folder, pictures) if folder is not None else []
+    stale = stale_pictures(folder, pictures) if folder is not None else {}
     if current == text and not stale:
         print(f"{out} is up to date" + (f", and the pictures in {folder}" if folder is not None else ""))
         return 0
@@ -540,29 +561,31 @@ def check(out: Path, text: str, folder: Path | None, pictures: Sequence[Diagram]
         diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(out), "generated", lineterm="", n=1)
         print(f"{out} differs from what `devbridge docs` would write:", file=sys.stderr)
         print("\n".join(list(diff)[:40]), file=sys.stderr)
-    for line in stale:
-        print(f"{line}: run `devbridge docs`", file=sys.stderr)
+    for path, why in stale.items():
+        print(f"{path} {why}: run `devbridge docs`", file=sys.stderr)
     return 1
 
 
 def write_pictures(folder: Path, pictures: Sequence[Diagram]) -> int:
-    """Draw each picture into `folder` (unchanged ones are left alone) and remove SVGs no
-    diagram draws; 1 when Graphviz's `dot` is not installed."""
+    """Draw each stale picture into `folder` and remove the ones no diagram draws any more
+    (only SVGs this command drew); 1 when Graphviz is not installed."""
     try:
         import graphviz
 
         graphviz.version()
     except (ImportError, RuntimeError, OSError) as e:  # graphviz.ExecutableNotFound is a RuntimeError
-        print(f"devbridge docs: the pictures need Graphviz (apt install graphviz; pip install graphviz): {e}")
+        print(
+            f"devbridge docs: the pictures need Graphviz (apt install graphviz; pip install graphviz): {e}",
+            file=sys.stderr,
+        )
         return 1
     folder.mkdir(parents=True, exist_ok=True)
-    stale = {line.split(" ", 1)[0] for line in stale_pictures(folder, pictures)}
-    for d in pictures:
-        if str(path := folder / f"{d.name}.svg") in stale:
+    by_path = {folder / f"{d.name}.svg": d for d in pictures}
+    for path in stale_pictures(folder, pictures):
+        if (d := by_path.get(path)) is not None:
             path.write_text(draw(d))
             print(f"wrote {path}")
-    for path in folder.glob("*.svg"):
-        if path.name not in {f"{d.name}.svg" for d in pictures}:
+        else:
             path.unlink()
             print(f"removed {path} (drawn from nothing)")
     return 0

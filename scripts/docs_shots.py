@@ -76,7 +76,8 @@ def chromium() -> str:
 
 
 def browse(browser: str, url: str, *args: str) -> str:
-    """Run headless Chromium on `url`; every host but 127.0.0.1 fails to resolve."""
+    """Run headless Chromium on `url` with no network: every host but 127.0.0.1 fails to
+    resolve, and any other address goes to a proxy that is not there."""
     run = subprocess.run(
         [
             browser,
@@ -85,6 +86,8 @@ def browse(browser: str, url: str, *args: str) -> str:
             "--disable-gpu",
             "--hide-scrollbars",
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--proxy-server=127.0.0.1:9",  # any other address: through a proxy that is not there
+            # (Chromium never sends loopback through a proxy)
             "--virtual-time-budget=5000",
             *args,
             url,

@@ -9,16 +9,21 @@ fails the build instead: the site must read the same with no network.
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
-from typing import Any
 
+from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
+from mkdocs.structure.pages import Page
 from mkdocs.utils import get_relative_url
 
+#: The pictures, in the site's docs folder (set from the config when MkDocs runs the hook).
 DIAGRAMS = Path(__file__).resolve().parent.parent / "docs" / "diagrams"
+#: A Mermaid block as pymdownx.superfences' `fence_code_format` writes it, after its mark.
 MARKED = re.compile(r'<!-- diagram: ([\w-]+): (.*?) -->\s*<pre class="mermaid"><code>.*?</code></pre>', re.S)
-MERMAID = re.compile(r'class="[^"]*\bmermaid\b')
+#: Any element left with the class the theme loads Mermaid for, however its attribute is quoted.
+MERMAID = re.compile(r"""class\s*=\s*["']?[^"'>]*\bmermaid\b""", re.I)
 
 
 def pictures(page_html: str, page_url: str) -> str:
@@ -30,7 +35,7 @@ def pictures(page_html: str, page_url: str) -> str:
         if not (DIAGRAMS / f"{name}.svg").is_file():
             raise PluginError(f"{page_url}: no docs/diagrams/{name}.svg for its diagram (run `devbridge docs`)")
         src = get_relative_url(f"diagrams/{name}.svg", page_url)
-        return f'<p class="diagram"><img src="{src}" alt="{match[2]}"></p>'
+        return f'<p class="diagram"><img src="{src}" alt="{html.escape(match[2])}"></p>'
 
     out = MARKED.sub(picture, page_html)
     if MERMAID.search(out):
@@ -41,5 +46,11 @@ def pictures(page_html: str, page_url: str) -> str:
     return out
 
 
-def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    global DIAGRAMS
+    DIAGRAMS = Path(config.docs_dir) / "diagrams"
+    return config
+
+
+def on_page_content(html: str, page: Page, **kwargs: object) -> str:
     return pictures(html, page.url)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +16,8 @@ from devbridge.checkout import script
 from devbridge.cli.main import main
 from devbridge.errors import CONTRACT_PATH
 from devbridge.spec import SEED_PATH, SPEC_PATH, load
+from devbridge.spec.ring import load_ring
+from devbridge.statemachine.machine import compile_table
 
 DOCS = script("docs")  # the contract generator: a tool of the checkout (it reads tests/)
 DocsError, generate, seed_bullets, source_root = DOCS.DocsError, DOCS.generate, DOCS.seed_bullets, DOCS.source_root
@@ -121,9 +123,15 @@ def dot_edges(dot: str) -> dict[tuple[str, str], str]:
     }
 
 
+def drawn() -> list[Any]:
+    """Every picture the docs show, from the packaged spec."""
+    lc = load()
+    return list(DOCS.diagrams(lc, compile_table(lc), load_ring()))
+
+
 def pictures() -> dict[str, str]:
     """name -> Graphviz source of every picture the docs show, from the spec."""
-    return {d.name: d.dot for d in DOCS.drawn_from(None)}
+    return {d.name: d.dot for d in drawn()}
 
 
 def test_the_pictures_have_every_transition_of_their_spec() -> None:
@@ -132,62 +140,97 @@ def test_the_pictures_have_every_transition_of_their_spec() -> None:
     lc = load()
     folded = dot_edges(drawn["lifecycle"])
     assert set(folded) == {(t.source, t.dest) for t in lc.transitions if t.source != t.dest}
-    assert f"\tstart -> {lc.initial}\n" in drawn["lifecycle"]
     full = dot_edges(drawn["lifecycle-full"])
     for t in lc.transitions:
         assert t.event in full[(t.source, t.dest)], t
     assert "[not last_copy]" in full[("copying", "copying")]  # the guards, and the steps that stay
     from devbridge.spec.ring import load_ring
 
+    ring = load_ring()
     records = dot_edges(drawn["ring-records"])
-    for r in load_ring().transitions:
+    for r in ring.transitions:
         assert r.event in records[(r.source, r.dest)].split("\\n"), r
     from devbridge.apps.worker import MOVES, STAGES
 
     stages = dot_edges(drawn["worker-stages"])
-    assert {k: v for k, v in stages.items() if k[0] != "start"} == {
-        (a.name, b.name): why for (a, b), why in MOVES.items()
-    }
+    assert stages == {(a.name, b.name): why for (a, b), why in MOVES.items()}
     assert {(a, b) for a, tos in STAGES.items() for b in tos} == set(MOVES)
-    for terminal in ("freed", "stale"):
-        assert f"\t{terminal} [peripheries=2]" in drawn["lifecycle"]
+    table = compile_table(lc)
+    starts_and_ends = {
+        "lifecycle": (lc.initial, table.terminal),
+        "lifecycle-full": (lc.initial, table.terminal),
+        "ring-records": (ring.initial, {s.name for s in ring.states.values() if s.terminal}),
+        "worker-stages": ("SLOT", {a.name for a, tos in STAGES.items() if not tos}),
+    }
+    for name, (initial, terminal) in starts_and_ends.items():
+        assert f"\tstart -> {initial}\n" in drawn[name], name
+        assert set(re.findall(r"^\t(\w+) \[peripheries=2\]$", drawn[name], re.M)) == set(terminal), name
+        assert drawn[name].startswith(f"digraph {name.replace('-', '_')} {{") or drawn[name].startswith(
+            f'digraph "{name}" {{'
+        ), name
 
 
-def test_the_committed_pictures_are_the_spec_s_and_a_stale_one_fails_the_check(
+def test_a_picture_s_digest_is_of_its_graph_and_of_how_it_is_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = {d.name: d.digest for d in drawn()}
+    assert {d.name: d.digest for d in drawn()} == first
+    moved = [dataclasses.replace(d, moves=(*d.moves[:-1], (*d.moves[-1][:2], ["renamed"]))) for d in drawn()]
+    assert all(d.digest != first[d.name] for d in moved)  # a label
+    monkeypatch.setattr(DOCS, "FONT", "Courier")
+    assert all(d.digest != first[d.name] for d in drawn())  # the drawing
+
+
+def test_the_check_tells_a_stale_missing_cut_or_stray_picture_and_docs_redraws_only_that(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each SVG carries the digest of the graph it was drawn from: `--check` tells a stale,
-    missing or stray picture without drawing, and `devbridge docs` redraws only what changed."""
-    out, folder = tmp_path / "CONTRACT.md", tmp_path / "diagrams"
+    """Each SVG carries the digest of what it was drawn from: `--check` tells a stale, missing,
+    cut or stray picture without drawing, and `devbridge docs` redraws only those (in a folder
+    whose path has a space) and removes only the SVGs it drew itself."""
+    out = tmp_path / "a folder" / "CONTRACT.md"
+    out.parent.mkdir()
+    folder = out.parent / "diagrams"
     assert main(["docs", "--out", str(out)]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted(f"{n}.svg" for n in pictures())
-    for d in DOCS.drawn_from(None):
-        svg = (folder / f"{d.name}.svg").read_text()
-        graph = [d.states, d.initial, d.terminal, d.moves, d.rankdir]
-        assert DOCS.STAMP.format(hashlib.sha256(json.dumps(graph).encode()).hexdigest()) in svg.splitlines()[:2]
-        assert "<svg" in svg and "</svg>" in svg
-    committed = source_root() / "docs" / "diagrams"
-    assert {p.name for p in committed.glob("*.svg")} == {p.name for p in folder.iterdir()}
+    for d in drawn():
+        svg = (folder / f"{d.name}.svg").read_text().splitlines()
+        assert svg[1] == DOCS.STAMP.format(d.digest) and svg[-1] == "</svg>"
+        assert f"<title>{d.name.replace('-', '&#45;')}</title>" in svg  # (dot escapes a hyphen)
     capsys.readouterr()
     assert main(["docs", "--out", str(out), "--check"]) == 0
     from devbridge.apps.worker import jobs
 
     monkeypatch.setitem(jobs.MOVES, (jobs.Stage.COMPUTE, jobs.Stage.SLOT), "restart (renamed)")
     assert main(["docs", "--out", str(out), "--check"]) == 1
-    assert (
-        capsys.readouterr().err.strip()
-        == f"{folder / 'worker-stages.svg'} was not drawn from the spec as it is: run `devbridge docs`"
-    )
+    worker = folder / "worker-stages.svg"
+    assert capsys.readouterr().err.strip() == f"{worker} was not drawn from the spec as it is: run `devbridge docs`"
     assert main(["docs", "--out", str(out)]) == 0
-    assert capsys.readouterr().out.splitlines()[1:] == [f"wrote {folder / 'worker-stages.svg'}"]
+    assert capsys.readouterr().out.splitlines()[1:] == [f"wrote {worker}"]
+    assert "restart (renamed)" in worker.read_text()
     assert main(["docs", "--out", str(out), "--check"]) == 0
     (folder / "lifecycle.svg").unlink()
-    (folder / "old.svg").write_text("<svg/>")
+    ring = folder / "ring-records.svg"
+    ring.write_text("\n".join(ring.read_text().splitlines()[:3]) + "\n<svg/>\n")  # its stamp kept, cut short
+    (folder / "old.svg").write_text(f"<?xml version='1.0'?>\n{DOCS.STAMP.format('0' * 64)}\n<svg></svg>\n")
+    (folder / "theirs.svg").write_text("<svg></svg>\n")  # not drawn by devbridge docs: left alone
+    capsys.readouterr()
     assert main(["docs", "--out", str(out), "--check"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"{folder / 'lifecycle.svg'} is missing: run `devbridge docs`",
+        f"{ring} was not drawn from the spec as it is: run `devbridge docs`",
         f"{folder / 'old.svg'} is drawn from nothing: run `devbridge docs`",
     ]
+    assert main(["docs", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        f"wrote {folder / 'lifecycle.svg'}",
+        f"wrote {ring}",
+        f"removed {folder / 'old.svg'} (drawn from nothing)",
+    ]
+    assert main(["docs", "--out", str(out), "--check"]) == 0 and (folder / "theirs.svg").exists()
+
+
+def test_the_checkout_s_own_contract_has_its_pictures_in_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out` naming the checkout's own CONTRACT.md checks docs/diagrams, as the default does."""
+    assert main(["docs", "--check", "--out", str(source_root() / CONTRACT_PATH)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"and the pictures in {source_root() / 'docs' / 'diagrams'}")
 
 
 def test_without_graphviz_s_dot_the_contract_is_written_and_the_pictures_are_refused(
@@ -202,7 +245,8 @@ def test_without_graphviz_s_dot_the_contract_is_written_and_the_pictures_are_ref
     out = tmp_path / "CONTRACT.md"
     assert main(["docs", "--out", str(out)]) == 1
     assert out.read_text().startswith("# devbridge contract") and not (tmp_path / "diagrams").exists()
-    assert "the pictures need Graphviz (apt install graphviz" in capsys.readouterr().out
+    assert "the pictures need Graphviz (apt install graphviz" in capsys.readouterr().err
+    assert main(["docs", "--out", str(out), "--check"]) == 1  # no picture: the check needs no Graphviz
 
 
 def test_every_mermaid_block_of_the_contract_is_marked_with_its_picture() -> None:

@@ -43,7 +43,10 @@ CHECKED = {
     "bash scripts/test": ("pytest --help", "CI's own command: .ci/run runs it"),
     "bash scripts/test -k ring": ("pytest --help", "CI's own command, with pytest's arguments"),
     "bash scripts/test -n 0": ("pytest --help", "CI's own command, with pytest's arguments"),
-    "devbridge docs": ("devbridge docs --help", "writes spec/CONTRACT.md in the checkout: `--check` runs it"),
+    "devbridge docs": (
+        "devbridge docs --help",
+        "writes spec/CONTRACT.md and docs/diagrams/ in the checkout: `--check` runs it",
+    ),
     "devbridge check": ("devbridge check --help", "the default bound takes a minute per CPU"),
     "scripts/mutate": ("scripts/mutate --help", "two hours"),
     ".venv/bin/python scripts/docs_shots.py --keep": (

@@ -4,6 +4,7 @@ Mermaid from a CDN for it); the state graphs are pictures drawn from the spec.""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -18,14 +19,21 @@ from devbridge.checkout import script
 ROOT = Path(__file__).resolve().parents[2]
 SITE_DIAGRAMS = script("site_diagrams")
 
-#: What a page fetches as it loads: scripts, stylesheets, icons and preconnects (<link>), images,
-#: frames, and what CSS imports or points at.
+#: What a page fetches as it loads: scripts, frames and media (`src`, `poster`, `srcset`),
+#: stylesheets, icons and preconnects (`<link href>`), SVG images (`<image href>`), objects
+#: (`data`), and what CSS imports or points at.
+ATTRIBUTE = r"""\s*=\s*["']?([^"'\s>]+)"""
 FETCHED = (
-    re.compile(r"<(?:script|img|iframe|source|embed)\b[^>]*?\bsrc\s*=\s*[\"']?([^\"'\s>]+)", re.I),
-    re.compile(r"<link\b[^>]*?\bhref\s*=\s*[\"']?([^\"'\s>]+)", re.I),
+    re.compile(r"<(?:script|img|iframe|frame|source|embed|video|audio|track|input)\b[^>]*?\bsrc" + ATTRIBUTE, re.I),
+    re.compile(r"<\w+\b[^>]*?\bposter" + ATTRIBUTE, re.I),
+    re.compile(r"<link\b[^>]*?\bhref" + ATTRIBUTE, re.I),
+    re.compile(r"<(?:image|use|feImage)\b[^>]*?\b(?:xlink:)?href" + ATTRIBUTE, re.I),
+    re.compile(r"<object\b[^>]*?\bdata" + ATTRIBUTE, re.I),
     re.compile(r"url\(\s*[\"']?([^\"')\s]+)", re.I),
     re.compile(r"@import\s+[\"']([^\"']+)", re.I),
 )
+SRCSET = re.compile(r"""\bsrcset\s*=\s*["']([^"']+)["']""", re.I)
+OUTSIDE = re.compile(r"^\s*(https?:)?//(?!(127\.0\.0\.1|localhost)[:/])", re.I)
 
 
 def outside_hosts(site: Path) -> list[str]:
@@ -35,10 +43,9 @@ def outside_hosts(site: Path) -> list[str]:
         if path.suffix not in (".html", ".css", ".svg"):
             continue
         text = path.read_text(errors="replace")
-        for pattern in FETCHED:
-            for url in pattern.findall(text):
-                if re.match(r"(https?:)?//", url) and not re.match(r"(https?:)?//(127\.0\.0\.1|localhost)[:/]", url):
-                    found.append(f"{path.relative_to(site)}: {url}")
+        urls = [url for pattern in FETCHED for url in pattern.findall(text)]
+        urls += [item.split()[0] for srcset in SRCSET.findall(text) for item in srcset.split(",") if item.strip()]
+        found += [f"{path.relative_to(site)}: {url}" for url in urls if OUTSIDE.match(url)]
     return found
 
 
@@ -57,7 +64,7 @@ def test_the_built_site_fetches_nothing_from_another_host_and_a_cdn_script_added
     pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
     assert not [p for p, text in pages.items() if re.search(r'class="[^"]*\bmermaid\b', text)]
     contract = pages["reference/contract/index.html"]
-    shown = re.findall(r'<img src="([^"]+)" alt="([^"]+)">', contract)
+    shown = [(src, html.unescape(alt)) for src, alt in re.findall(r'<img src="([^"]+)" alt="([^"]+)">', contract)]
     assert shown == [
         ("../../diagrams/lifecycle.svg", "The lifecycle at a glance"),
         ("../../diagrams/lifecycle-full.svg", "The lifecycle in full"),
@@ -90,6 +97,12 @@ def test_the_built_site_fetches_nothing_from_another_host_and_a_cdn_script_added
         "<style>body { background: url('https://example.org/bg.png') }</style>",
         '<style>@import "https://fonts.example.org/f.css";</style>',
         '<img src="http://example.org/diagram.svg">',
+        '<IMG SRC="HTTPS://EXAMPLE.ORG/D.SVG">',
+        '<img srcset="pic.png 1x, https://cdn.example.org/pic@2x.png 2x">',
+        '<svg><image href="https://example.org/i.png"/></svg>',
+        '<svg><use xlink:href="//example.org/sprite.svg#x"/></svg>',
+        '<object data="https://example.org/d.svg"></object>',
+        '<video poster="https://example.org/p.png"></video>',
     ],
 )
 def test_each_way_a_page_fetches_from_another_host_is_caught(tmp_path: Path, fetch: str) -> None:
@@ -109,7 +122,8 @@ def test_a_marked_mermaid_block_becomes_its_picture_relative_to_the_page() -> No
     out = SITE_DIAGRAMS.pictures(page, "reference/contract/")
     picture = '<p class="diagram"><img src="../../diagrams/lifecycle.svg" alt="The lifecycle at a glance"></p>'
     assert out == f"<p>x</p>\n{picture}\n<p>y</p>"
-    assert SITE_DIAGRAMS.pictures(page, "")[9:].startswith('<p class="diagram"><img src="diagrams/lifecycle.svg"')
+    at_root = SITE_DIAGRAMS.pictures(page, "").split("\n")[1]
+    assert at_root.startswith('<p class="diagram"><img src="diagrams/lifecycle.svg"')
 
 
 def test_a_mermaid_block_with_no_picture_fails_the_build() -> None:
@@ -117,5 +131,6 @@ def test_a_mermaid_block_with_no_picture_fails_the_build() -> None:
         SITE_DIAGRAMS.pictures(f"<p>x</p>{MERMAID}", "guides/x/")
     with pytest.raises(PluginError, match=r"no docs/diagrams/nothing\.svg for its diagram"):
         SITE_DIAGRAMS.pictures(f"<!-- diagram: nothing: Nothing -->\n{MERMAID}", "guides/x/")
-    with pytest.raises(PluginError, match="a Mermaid block with no picture"):
-        SITE_DIAGRAMS.pictures('<div class="language-mermaid highlight"></div>', "guides/x/")
+    for left in ('<div class="language-mermaid highlight">', "<pre class='mermaid'>", "<pre class=mermaid>"):
+        with pytest.raises(PluginError, match="a Mermaid block with no picture"):
+            SITE_DIAGRAMS.pictures(f"{left}graph TD</pre>", "guides/x/")
