@@ -119,13 +119,16 @@ def test_the_output_check_is_numpys_tolerance_and_allocates_nothing_per_batch() 
 def test_device_memory_is_pooled_per_generation() -> None:
     """20 objects reuse the window's 4 slots (x and y each): no allocation or free per object; the
     next object's upload into a slot follows the last one's download by ORDER-1, not by waiting."""
-    summary = run_demo(objects=20, backend="fake", seed=1)
-    # weights + one slot (x and y) per object in the window at once: at most 4, fewer if the
-    # producer fell behind (a loaded machine); never one per object, and none freed mid-run
-    slots, odd = divmod(summary.allocations - 4, 2)
-    assert summary.clean and odd == 0 and 1 <= slots <= 4 and summary.deferred_frees == 0
+    for _ in range(5):  # overlap needs the producer thread ahead of the worker: a loaded machine can starve it
+        summary = run_demo(objects=20, backend="fake", seed=1)
+        # weights + one slot (x and y) per object in the window at once: at most 4, fewer if the
+        # producer fell behind (a loaded machine); never one per object, and none freed mid-run
+        slots, odd = divmod(summary.allocations - 4, 2)
+        assert summary.clean and odd == 0 and 1 <= slots <= 4 and summary.deferred_frees == 0
+        assert summary.peak_live_allocations == summary.allocations
+        if summary.overlapped_computes > 0:
+            break
     assert summary.overlapped_computes > 0  # the upload of a later object was in flight meanwhile
-    assert summary.peak_live_allocations == summary.allocations
     restarted = run_demo(objects=20, backend="fake", seed=1, restart_every=5)
     assert restarted.clean and restarted.restarts >= 3
     assert restarted.allocations <= (restarted.restarts + 1) * (4 + 2 * 4)  # a pool per generation

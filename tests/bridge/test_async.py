@@ -15,8 +15,9 @@ from devbridge.backends.tinygrad import TinygradBackend
 from devbridge.testing import FakeBackend
 
 
-def watchers() -> int:
-    return sum(t.name == "devbridge-await" for t in threading.enumerate())
+def watchers(besides: frozenset[threading.Thread] = frozenset()) -> int:
+    """Watcher threads running now (not counting `besides`: another test's, still ending)."""
+    return sum(t.name == "devbridge-await" and t not in besides for t in threading.enumerate())
 
 
 def copies(bridge: Bridge, ring: HostRing, n: int) -> list:  # type: ignore[type-arg]
@@ -91,11 +92,12 @@ def test_many_awaited_events_share_one_watcher_thread() -> None:
     fake = FakeBackend(run_on_wait=False)
     bridge, ring = Bridge(fake), HostRing(1024)
     events = copies(bridge, ring, 40)
+    before = frozenset(threading.enumerate())
 
     async def main() -> int:
         gathered = asyncio.gather(*(asyncio.ensure_future(_await(e)) for e in events))
         await asyncio.sleep(0.02)
-        threads = watchers()
+        threads = watchers(besides=before)
         fake.complete_all()
         await gathered
         return threads
