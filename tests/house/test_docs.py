@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -254,3 +255,33 @@ def test_every_mermaid_block_of_the_contract_is_marked_with_its_picture() -> Non
     marks = re.findall(r"^<!-- diagram: ([\w-]+): (.+) -->\n```mermaid\n", doc, re.M)
     assert [name for name, _ in marks] == ["lifecycle", "lifecycle-full", "ring-records"]
     assert doc.count("```mermaid") == len(marks) and all(title == DOCS.TITLES[n] for n, title in marks)
+
+
+IN_USE = ["copying", "computing", "copying_computing"]
+ARROW = re.compile(r"\s*(?:-{2,}|─{2,})[^>▶]*?(?:>|▶)\s*")
+
+
+def text_edges(block: str) -> set[tuple[str, str]]:
+    """The (source, dest) pairs a text drawing of the lifecycle shows: chains like
+    `allocated, idle --free--> freed`, several on a line apart by wide gaps ("in use": the
+    three in-use states)."""
+    found = set()
+    for line in block.splitlines():
+        for chain in re.split(r" {3,}(?![-─])", line.strip()):  # (not the gap that aligns an arrow)
+            groups = ARROW.split(chain)
+            if len(groups) < 2:
+                continue  # a note beside the chains
+            states = [[s for g in group.split(", ") for s in (IN_USE if g == "in use" else [g])] for group in groups]
+            found |= {(a, b) for before, after in itertools.pairwise(states) for a in before for b in after}
+    return found
+
+
+def text_blocks(page: Path) -> str:
+    return "\n".join(b.split("```", 1)[0] for b in page.read_text().split("```text\n")[1:])
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/concepts/lifecycle.md"])
+def test_the_text_drawing_of_the_lifecycle_has_every_edge_of_its_picture(page: str) -> None:
+    """For terminals, below the picture: the same pairs of states, no more and no fewer."""
+    folded = dot_edges(pictures()["lifecycle"])
+    assert text_edges(text_blocks(source_root() / page)) == set(folded)
