@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -764,15 +765,17 @@ def test_synchronize_waits_for_the_copy_thread_and_the_device_and_drops_parked_b
 
     backend = TinygradBackend("CPU")
     buffer = backend.alloc(2 * INLINE_MAX_BYTES, "uint8")
-    real_move, moved = backend._move, threading.Event()
+    real_move, seen = backend._move, threading.Event()
 
     def slow_move(memory: memoryview, offset: int, host: memoryview, *, into_device: bool) -> None:
-        moved.wait(0.3)  # still copying when synchronize is called
+        seen.wait(10)  # not before the test saw the copy pending (however long the machine stalls)
+        time.sleep(0.2)  # and still copying when synchronize is called
         real_move(memory, offset, host, into_device=into_device)
 
     backend._move = slow_move  # type: ignore[method-assign]
     token = backend.copy_in(buffer, 0, memoryview(bytearray(b"\x05" * 2 * INLINE_MAX_BYTES)), sync=False)
     assert isinstance(token, TinygradToken) and token.future is not None and not token.future.done()
+    seen.set()
     synchronized: list[str] = []
     real_synchronize = module.tg.synchronize
     monkeypatch.setattr(

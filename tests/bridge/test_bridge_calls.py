@@ -329,7 +329,7 @@ def assert_woken(bridge: Bridge, event: Any, end: Callable[[], None]) -> None:
         threading.Timer(0.05, end).start()
         start = time.monotonic()
         assert bridge.wait_any([event], timeout=5) is event
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 4.5  # woken, not at the 5 s deadline
 
 
 @pytest.mark.parametrize("lock_busy", [False, True], ids=["lock free", "lock busy"])
