@@ -543,18 +543,32 @@ HANG_FACTOR, HANG_FLOOR_S = 10, 30.0
 
 
 def hang_timeout(seconds: Iterable[float]) -> float:
-    """The per-test timeout of a mutant's run of tests that took `seconds` each."""
+    """The timeout of a test that took `seconds` in the coverage run (the most of them)."""
     return max(HANG_FLOOR_S, HANG_FACTOR * max(seconds, default=1.0))
 
 
-def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float, per_test: float = 300.0) -> tuple[str, str]:
+def tests_cmd(copy: Path, tests: list[str], per_test: dict[str, float]) -> tuple[list[str], dict[str, str]]:
+    """The pytest run of `tests` in `copy` for one mutant: stops at the first failure, each test
+    past its own timeout (`per_test`; scripts/mutate_timeouts.py) by the thread method."""
+    cmd, env = pytest_cmd(
+        copy, "-x", "-o", "addopts=--import-mode=importlib", "-o", "timeout_method=thread",
+        "-p", "mutate_timeouts", "-rf", *tests,
+    )  # fmt: skip
+    env["PYTHONPATH"] += os.pathsep + str(copy / "scripts")  # the timeouts plugin
+    env["DEVBRIDGE_MUTATE_TIMEOUTS"] = json.dumps(per_test)
+    return cmd, env
+
+
+def run_one(
+    m: Mutant, copy: Path, tests: list[str], timeout: float, per_test: dict[str, float] | None = None
+) -> tuple[str, str]:
+    """Run `tests` against mutant `m` in `copy`: each test fails past its own `per_test` timeout
+    (scripts/mutate_timeouts.py; the suite's 300 s for one not named), the run past `timeout`."""
     target = copy / m.file  # (the file the copy's package links to)
     original = target.read_text()
     target.write_text(m.apply(original))
     try:
-        cmd, env = pytest_cmd(
-            copy, "-x", "-o", "addopts=--import-mode=importlib", "-o", f"timeout={per_test:.0f}", "-rf", *tests
-        )
+        cmd, env = tests_cmd(copy, tests, per_test or {})
         run = run_group(cmd, copy, env, timeout)
     except subprocess.TimeoutExpired:
         return "timeout", f"no result in {timeout:.0f} s"
@@ -566,10 +580,16 @@ def run_one(m: Mutant, copy: Path, tests: list[str], timeout: float, per_test: f
 _GONE = ("ERROR: not found: ", "found no collectors for ")  # what pytest says of a test id it cannot collect
 
 
+#: What pytest-timeout's thread method prints before it ends a run whose test ran past its timeout.
+TIMED_OUT = "+ Timeout +"
+
+
 def verdict(run: subprocess.CompletedProcess[str]) -> tuple[str, str]:
     """A mutant's outcome from its pytest run, and by what."""
     if run.returncode == 0:
         return "survived", ""
+    if TIMED_OUT in run.stdout + run.stderr:
+        return "timeout", "a test ran past its own timeout"
     if run.returncode in (1, 2):  # a test failed, or collecting one did (the mutant broke an import)
         failed = [ln.split()[1] for ln in run.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
         return "killed", failed[0] if failed else "a failure"
@@ -650,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not tests or (slow and args.no_slow):
                     continue
                 budget = 60 + 5 * sum(seconds.get(t, 1.0) for t in tests)
-                outcome, by = run_one(m, copy, tests, budget, hang_timeout(seconds.get(t, 1.0) for t in tests))
+                per_test = {t: hang_timeout([seconds.get(t, 1.0)]) for t in tests}
+                outcome, by = run_one(m, copy, tests, budget, per_test)
                 if outcome != "survived":
                     break
             if outcome == "killed" and by.startswith("tests/"):

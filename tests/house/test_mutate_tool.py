@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -195,6 +196,28 @@ def test_a_mutant_that_makes_a_test_hang_is_killed_by_that_test_at_its_own_timeo
     run = mutate.run_group(cmd, tmp_path, env, 50.0)
     assert time.monotonic() - start < 30
     assert mutate.verdict(run) == ("killed", "test_hangs.py::test_hangs")
+
+
+def test_a_test_that_swallows_its_timeout_is_ended_at_its_own_timeout_not_the_slowest_one_s(
+    mutate: ModuleType, tmp_path: Path
+) -> None:
+    """A mutant can make a test loop where the signal method's exception is caught and the loop
+    goes on: the thread method ends the run. Each test has its own timeout: a fast one listed
+    beside a slow one is not given the slow one's."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT.parent / "mutate_timeouts.py", tmp_path / "scripts")
+    (tmp_path / "test_loops.py").write_text(
+        "import time\n\n"
+        "def test_swallows():\n    while True:\n        try:\n            time.sleep(0.01)\n"
+        "        except BaseException:\n            pass\n\n"
+        "def test_slow():\n    time.sleep(0.1)\n"
+    )
+    per_test = {"test_loops.py::test_swallows": 1.0, "test_loops.py::test_slow": 60.0}
+    cmd, env = mutate.tests_cmd(tmp_path, ["test_loops.py::test_swallows", "test_loops.py::test_slow"], per_test)
+    start = time.monotonic()
+    run = mutate.run_group(cmd, tmp_path, env, 50.0)
+    assert time.monotonic() - start < 30
+    assert mutate.verdict(run) == ("timeout", "a test ran past its own timeout")
 
 
 def test_the_readme_quotes_the_mutation_report_as_the_tool_wrote_it(mutate: ModuleType) -> None:
