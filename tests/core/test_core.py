@@ -441,3 +441,51 @@ def test_a_broken_end_settles_its_event_with_the_error_then_raises_it() -> None:
     with pytest.raises(LifecycleError) as raised:
         runner.execute(effects)
     assert raised.value is broken and runner.settled == effects
+
+
+def test_refresh_asks_nothing_of_an_ended_use_and_a_held_one_s_chain_oldest_first() -> None:
+    core = LifecycleCore()
+    a = core.add(16, "spec", "memory").id
+    first = core.begin("copy_in", [(a, 0)], host="R1", span=(0, 8))
+    core.submitted(first, "token")
+    held = core.begin("copy_in", [(a, 0)], host="R2", span=(4, 12))  # follows `first`: no token yet
+    assert held.token is None and [u.id for u in core.refresh_order(held)] == [first.id, held.id]
+    assert core.refresh_order(first) == [first]
+    core.finish(first, Status(True))
+    core.finish(held, Status(True))
+    assert core.refresh_order(first) == [] and core.refresh_order(held) == []
+
+
+def test_the_kept_firings_stay_within_the_levels_however_many_uses_are_in_flight() -> None:
+    """`fire` keeps what it worked out for counts below the levels' cap only: counts above it
+    are worked out each time, so the kept answers do not grow with the uses in flight."""
+    from devbridge.spec import LEVELS
+
+    core = LifecycleCore()
+    a = core.add(16, "spec", "memory").id
+    copies = [core.begin("copy_in", [(a, 0)], host=f"R{i}", span=(i, i + 1)) for i in range(6)]
+    computes = [core.begin("compute", [(a, 0)]) for _ in range(6)]
+    for use in copies + computes:
+        core.finish(use, Status(True))
+    assert core.state(a, 0) == "idle"
+    kept = list(core._firings)
+    assert kept and all(c < LEVELS and k < LEVELS for _, _, c, k in kept), sorted(kept)
+    assert {(c, k) for _, _, c, k in kept} >= {(0, 0), (1, 0), (2, 0)}
+
+
+def test_a_runner_that_leaves_out_the_device_side_fails_loudly() -> None:
+    from devbridge.statemachine.runner import Runner
+
+    runner, core = Runner(LifecycleCore()), LifecycleCore()
+    record = core.add(8, None, None)
+    use = core.begin("copy_in", [(record.id, record.generation)], host="R", span=(0, 4))
+    calls = [
+        lambda: runner.submit(use),
+        lambda: runner.query(use),
+        lambda: runner.host_done(use, True),
+        lambda: runner.release_memory(record, use),
+        lambda: runner.settle(Settle(use, None, aborted=False, broken=False)),
+    ]
+    for call in calls:
+        with pytest.raises(NotImplementedError):
+            call()
