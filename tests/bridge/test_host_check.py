@@ -230,3 +230,23 @@ def test_a_caught_change_is_marked_on_the_trace() -> None:
     bridge.close_trace()
     faults = [e["name"] for e in json.loads(out.getvalue()) if e.get("cat") == "fault"]
     assert faults == ["failed: host_to_device into allocation #0 [0, 16): host bytes [0, 16) changed at +2"]
+
+
+def test_a_copy_that_ends_without_completing_leaves_no_fingerprint_behind() -> None:
+    """A restart aborts an upload on the device and one held behind it (ORDER-1), which never
+    reaches the device: the mode keeps nothing for either (a kept fingerprint would grow with
+    every abort, and could be taken for a later copy's)."""
+    fake = FakeBackend()
+    bridge = checking(fake)
+    check = bridge._engine.host_check
+    assert check is not None
+    ring = HostRing(1 << 12)
+    h = bridge.alloc_device(U8, 64)
+    on_device = bridge.host_to_device(put(ring, bytes(64)), DeviceRange(h, 0, 64), sync=False)
+    held = bridge.host_to_device(put(ring, bytes(64)), DeviceRange(h, 0, 64), sync=False)  # behind it
+    assert (len(check._inputs), len(check._held)) == (1, 1)
+    bridge.restart()
+    assert not on_device.done() and not held.done()  # the device still reads the first one's bytes
+    fake.complete(on_device)  # then both end aborted; the held one never reached the device
+    assert [(e.done(), getattr(e.error, "rule", None)) for e in (on_device, held)] == [(True, "GEN-1")] * 2
+    assert (check._inputs, check._held) == ({}, {})
