@@ -21,6 +21,7 @@ class Recorder(Runner):
         self.depth = 0
         self.on_submit: dict[int, list[InFlight]] = {}  # use id -> uses made ready inside its submit
         self.failing_host_done = False
+        self.done: set[object] = set()  # tokens the device has finished
 
     def submit(self, use: InFlight) -> Status | None:
         self.calls.append(("submit", use.id, self.depth))
@@ -34,7 +35,7 @@ class Recorder(Runner):
         return None
 
     def query(self, use: InFlight) -> Status:
-        return PENDING
+        return Status(True) if use.token in self.done else PENDING
 
     def host_done(self, use: InFlight, ok: bool) -> None:
         self.calls.append(("host_done", use.id, self.depth))
@@ -77,3 +78,20 @@ def test_held_uses_made_ready_inside_a_launch_are_launched_by_the_same_loop_in_i
     assert runner.calls == [("submit", u.id, 0) for u in (a, b, c, d)]
     runner.execute([])  # nothing left to launch
     assert len(runner.calls) == 4 and not runner._launches
+
+
+def test_a_report_applied_now_applies_the_ones_queued_before_it_first() -> None:
+    """A completion the device reports while a call holds the lock is queued (`core.reported`);
+    the next one applied at once (`Runner.reported`) applies the queued ones first."""
+    core = LifecycleCore()
+    runner = Recorder(core)
+    a, b = uses(core, 2)
+    tokens = {a.id: object(), b.id: object()}  # (the core knows a token by its identity)
+    for use in (a, b):
+        core.submitted(use, tokens[use.id])
+    runner.done |= set(tokens.values())
+    core.reported(tokens[a.id])  # while a call held the lock: queued
+    assert not core.ended(a)
+    runner.reported(tokens[b.id])
+    assert core.ended(a) and core.ended(b)
+    assert [c for c in runner.calls if c[0] == "settle"] == [("settle", a.id, 0), ("settle", b.id, 0)]
