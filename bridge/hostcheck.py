@@ -8,10 +8,10 @@ mode on, the Bridge fingerprints the bytes when the call hands them over and aga
 completes, and fails the copy when they differ. An output's bytes (D2H-3) are fingerprinted
 when their copy completes and again when the worker first reads, commits or releases them.
 
-A fingerprint is the bytes' XXH3 digest (xxhash: tens of GB/s, where a byte-by-byte comparison
-in Python is not) and a copy of the bytes, which is read only when the digests differ, to name
-the first changed byte. What the mode cannot catch: a write that puts back the same bytes, and
-a write after the second fingerprint.
+A fingerprint is a copy of the bytes; the second look compares the bytes with it (one `memcmp`:
+two reads of the bytes in all, where a digest of each look and a copy to name the first changed
+byte would take three), and only a difference is searched for its first byte. What the mode
+cannot catch: a write that puts back the same bytes, and a write after the second look.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import os
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from devbridge.errors import HostBytesChangedError, InvalidArgumentError, short
 from devbridge.ring.host import HostRange
@@ -46,17 +45,16 @@ def copy_name(kind: str, allocation: int, span: tuple[int, int]) -> str:
 
 
 class Fingerprint:
-    """Host bytes as they were at one moment: their digest, and a copy to find a change in."""
+    """Host bytes as they were at one moment: a copy of them."""
 
-    __slots__ = ("bytes", "digest")
+    __slots__ = ("bytes",)
 
     def __init__(self, view: memoryview) -> None:
-        self.bytes = bytes(view)
-        self.digest = xxhash.xxh3_64_intdigest(self.bytes)
+        self.bytes = bytearray(view)
 
     def first_change(self, view: memoryview) -> int | None:
         """The offset of the first byte of `view` that differs from these bytes; None when none does."""
-        if xxhash.xxh3_64_intdigest(view) == self.digest:
+        if self.bytes == view:  # (bytearray's comparison with any buffer is one memcmp)
             return None
         differ = np.flatnonzero(np.frombuffer(view, np.uint8) != np.frombuffer(self.bytes, np.uint8))
         return int(differ[0]) if differ.size else None
