@@ -69,7 +69,7 @@ TITLES = {
 
 def picture(name: str) -> str:
     """The mark before a Mermaid block of CONTRACT.md: the site shows docs/diagrams/{name}.svg in
-    its place (scripts/site_diagrams.py), GitHub renders the Mermaid."""
+    its place (scripts/site_diagrams.py's `MARKED` reads this mark), GitHub renders the Mermaid."""
     return f"<!-- diagram: {name}: {TITLES[name]} -->"
 
 
@@ -543,9 +543,9 @@ def pictures_folder(out: Path, root: Path | None) -> Path | None:
     own CONTRACT.md; a diagrams/ folder beside any other; none for an installed wheel's."""
     if root is not None and out.resolve() == (root / CONTRACT_PATH).resolve():
         return root / DIAGRAMS_DIR
-    return (
-        None if root is None and out.resolve() == (source_root() / CONTRACT_PATH).resolve() else out.parent / "diagrams"
-    )
+    if root is None and out.resolve() == (source_root() / CONTRACT_PATH).resolve():
+        return None
+    return out.parent / "diagrams"
 
 
 def check(out: Path, text: str, folder: Path | None, pictures: Sequence[Diagram]) -> int:

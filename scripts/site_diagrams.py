@@ -1,10 +1,10 @@
 """The site shows pictures, never Mermaid: an MkDocs hook (mkdocs.yml).
 
 spec/CONTRACT.md keeps its state graphs as Mermaid for GitHub, which renders it, each block
-marked `<!-- diagram: NAME -->` by `devbridge docs`, which also draws docs/diagrams/NAME.svg
-from the same spec. On the site each marked block becomes that picture. Material for MkDocs
-fetches Mermaid from a CDN for any page that holds a Mermaid block, so a block with no picture
-fails the build instead: the site must read the same with no network.
+marked `<!-- diagram: NAME: TITLE -->` by `devbridge docs` (scripts/docs.py, `picture`), which
+also draws docs/diagrams/NAME.svg from the same spec. On the site each marked block becomes that
+picture. Material for MkDocs fetches Mermaid from a CDN for any page that holds a Mermaid block,
+so a block with no picture fails the build instead: the site must read the same with no network.
 """
 
 from __future__ import annotations
