@@ -47,7 +47,7 @@ from devbridge.errors import (
     WaitTimeoutError,
     short,
 )
-from devbridge.ring.host import HostRange, HostRing
+from devbridge.ring.host import HostRange, HostRing, own_range
 from devbridge.statemachine.core import Allocation, Composite, InFlight, LifecycleCore
 from devbridge.statemachine.status import OK, Status
 from devbridge.types import (
@@ -76,6 +76,16 @@ class Blocked:
     """A synchronous call must first wait for `event`, a use in flight it follows (ORDER-1)."""
 
     event: Event
+
+
+def checked_view(view: TensorViewSpec) -> TensorViewSpec:
+    """`view` as its own checks make it, each field read once: one whose fields were altered
+    past those checks (`object.__setattr__` on a frozen view) gets VIEW-2 like any bad view."""
+    try:
+        shape, dtype, offset = view.shape, view.dtype, view.offset
+    except AttributeError:
+        raise InvalidViewError("VIEW-2", f"{short(view)} is not a whole TensorViewSpec") from None
+    return TensorViewSpec(shape, dtype, offset)
 
 
 class Bridge:
@@ -405,6 +415,7 @@ class Bridge:
                 raise self._core.dead(*key, "compute_begin")
             if type(view) is not TensorViewSpec:
                 raise InvalidViewError("VIEW-2", f"wrap_for_tinygrad needs a TensorViewSpec, got {short(view)}")
+            view = checked_view(view)
             spec = record.spec
             if view.dtype != spec.dtype:
                 raise InvalidViewError("VIEW-2", f"view dtype {view.dtype} is not {spec.name}'s {spec.dtype}")
@@ -701,18 +712,18 @@ class Bridge:
         try:
             if core.unapplied or core.collected:  # what arrived while no call ran, first
                 engine.drain()
-            if type(host) is not HostRange and not isinstance(host, HostRange):
-                raise RangeError(
-                    "RANGE-1", f"a copy needs a HostRange and a DeviceRange, got {short(host)}, {short(device)}"
-                )
-            record, step = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
+            if type(host) is not HostRange or type(host.start) is not int or type(host.nbytes) is not int:
+                host = own_range(host)  # (RANGE-1, or a subclass's stored fields in a plain HostRange)
             ring = host.ring
+            if type(ring) is not HostRing and not isinstance(ring, HostRing):
+                host = own_range(host)  # (RANGE-1: a range built past its checks)
+            record, step, offset, n = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
             ring.check_copy(host, into_device)
             check = engine.host_check  # (the checking mode: None when off)
             fingerprint = check.hand_over(host) if check is not None and into_device else None
             before: list[InFlight] | None = None
             if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
-                span = (device.offset, device.offset + device.nbytes)
+                span = (offset, offset + n)
                 plan = core.plan(kind, [(record.id, record.generation)], span, sync)
                 if plan.blocker is not None:  # a synchronous one waits for them, then checks again
                     return Blocked(plan.blocker.event)
@@ -720,12 +731,12 @@ class Bridge:
             token = None
             if not before:
                 try:
-                    token = engine.copy(kind, record.memory, device.offset, host, sync)
+                    token = engine.copy(kind, record.memory, offset, host, sync)
                 except BackendError as e:
                     raise self._copy_failed(kind, host, src, dst, e) from e
                 if fingerprint is not None:
                     self._checked(
-                        token, host, fingerprint, sync, hostcheck.copy_name(kind, record.id, self._span(device))
+                        token, host, fingerprint, sync, hostcheck.copy_name(kind, record.id, (offset, offset + n))
                     )
             if into_device:
                 self._copies_in += 1
@@ -745,16 +756,16 @@ class Bridge:
                 else:
                     ring.write_done(host)
                     if check is not None:
-                        check.guard_output(host, hostcheck.copy_name(kind, record.id, self._span(device)))
+                        check.guard_output(host, hostcheck.copy_name(kind, record.id, (offset, offset + n)))
                 return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
-            span = (device.offset, device.offset + device.nbytes)
+            span = (offset, offset + n)
             use = core.begin(
                 kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before or []
             )
             if into_device:
                 ring.begin_read(host)
                 if check is not None and fingerprint is not None and token is None:  # held: checked once launched
-                    check.hold(use.id, fingerprint, hostcheck.copy_name(kind, record.id, self._span(device)))
+                    check.hold(use.id, fingerprint, hostcheck.copy_name(kind, record.id, (offset, offset + n)))
             else:
                 ring.begin_write(host)
             return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)
@@ -793,13 +804,16 @@ class Bridge:
             outcome = again()
         return outcome
 
-    def _device_step(self, kind: str, device: object, nbytes: int | None, rule: str) -> tuple[Allocation, Composite]:
+    def _device_step(
+        self, kind: str, device: object, nbytes: int | None, rule: str
+    ) -> tuple[Allocation, Composite, int, int]:
         """The one check of a copy's device side, and what the copy does there: the handle resolved
         to this bridge's record (HANDLE-1: the issued object itself in one lookup, or an exact copy
         of it), the range within the allocation's extent (RANGE-1) and as long as the host range
         (`nbytes`, `rule`: H2D-1, D2H-1), and the composite step the table made for a copy in the
-        record's state and counts, or the rule that refuses it there (GEN-2, USE-1, ...). Changes
-        nothing."""
+        record's state and counts, or the rule that refuses it there (GEN-2, USE-1, ...); with the
+        range's offset and size as checked (each field read once: the copy uses what was checked,
+        whatever a subclass's property would say next). Changes nothing."""
         if type(device) is not DeviceRange and not isinstance(device, DeviceRange):
             raise RangeError("RANGE-1", f"a copy needs a DeviceRange, got {short(device)}")
         handle = device.handle
@@ -817,7 +831,7 @@ class Bridge:
         if record is None:  # dead: the table's refusal, as `check` finds and tells it
             self._core.check([key], "copy_begin")
             raise self._core.dead(*key, "copy_begin")
-        return record, self._core.copy_step(record, kind)
+        return record, self._core.copy_step(record, kind), offset, n
 
     def _checked(
         self, token: object, host: HostRange, fingerprint: hostcheck.Fingerprint, sync: bool, name: str
@@ -831,10 +845,6 @@ class Bridge:
         elif (error := check.changed(host, fingerprint, name)) is not None:
             self._counts["copy_failures"] += 1
             raise error
-
-    @staticmethod
-    def _span(device: DeviceRange) -> tuple[int, int]:
-        return device.offset, device.offset + device.nbytes
 
     def _copy_failed(
         self, kind: str, host: HostRange, src: HostRange | DeviceRange, dst: HostRange | DeviceRange, e: BackendError

@@ -237,6 +237,7 @@ class HostRing:
                 unreleased; H2D-3 while an input copy still reads `r`.
             OutputNotReadyError: D2H-3 while an output copy into `r` is not valid.
         Nothing is written when it raises."""
+        r = plain(r)
         source = byte_view(data)
         if source.nbytes != getattr(r, "nbytes", None):
             raise RangeError("RANGE-1", f"{source.nbytes} B of data for {short(r)}")
@@ -265,6 +266,7 @@ class HostRing:
             OutputNotReadyError: D2H-3 while an output copy into `r` has not completed."""
         import numpy as np
 
+        r = plain(r)
         memory = self.view(r)
         kind, dims, nbytes = array_layout(dtype, shape)
         if nbytes is None:
@@ -280,6 +282,7 @@ class HostRing:
     def view(self, r: HostRange) -> memoryview:
         """The bytes of an unreleased range: writable, except read-only while an input copy
         still reads them (H2D-3); refused while an output copy into them is not valid (D2H-3)."""
+        r = plain(r)
         with self._lock:
             self._check_live(r, "RING-3")
             if self._writes and _overlaps(self._writes, r):
@@ -293,6 +296,7 @@ class HostRing:
 
     def released(self, r: HostRange) -> bool:
         """Whether every byte of `r` is released. Bytes never reserved are an error (RING-1)."""
+        r = plain(r)
         with self._lock:
             self._check_ring(r)
             if r.end > self._head:
@@ -310,6 +314,7 @@ class HostRing:
 
     def release(self, r: HostRange) -> None:
         """Release bytes the worker consumed. Refused for bytes a pending copy still uses."""
+        r = plain(r)
         with self._lock:
             self._check_live(r, "RING-1")
             if self._reads and _overlaps(self._reads, r):
@@ -355,8 +360,9 @@ class HostRing:
             InvalidArgumentError: ARG-1 when `finishes` is not a record of another ring of this
                 kind, or this ring's outputs finish another ring's records.
         Nothing changes when it raises."""
+        r = plain(r)
         if finishes is not None:
-            return self._commit_finishing(r, finishes)
+            return self._commit_finishing(r, plain(finishes))
         with self._lock:
             return self._commit_locked(*self._check_commit(r))
 
@@ -412,7 +418,7 @@ class HostRing:
 
         Raises:
             InvalidArgumentError: ARG-1 when `r` is not a record taken from another ring of this kind."""
-        self._source_of(r)
+        self._source_of(plain(r))
         return None
 
     def take(self, timeout: float | None = None) -> HostRange:
@@ -835,6 +841,45 @@ class HostRange:
 _set_ring, _set_start, _set_nbytes, _set_seq, _set_redelivered = slot_setters(
     HostRange, "ring", "start", "nbytes", "_seq", "_redelivered"
 )
+
+
+# what a range stores, read past any property a subclass put over its fields
+_STORED = tuple(vars(HostRange)[name].__get__ for name in ("ring", "start", "nbytes", "_seq", "_redelivered"))
+
+
+def own_range(r: object) -> HostRange:
+    """`r` as a copy may use it: a HostRange of exactly this class over a HostRing, with int
+    fields. A subclass's stored fields are read once, past any property it put over them, into a
+    new one (so no later read can differ); RANGE-1 for what is not a HostRange or is one whose
+    fields were altered past its checks."""
+    if not isinstance(r, HostRange):
+        raise RangeError("RANGE-1", f"a copy needs a HostRange, got {short(r)}")
+    ring_of, start_of, nbytes_of, seq_of, redelivered_of = _STORED
+    try:
+        ring, start, nbytes = ring_of(r), start_of(r), nbytes_of(r)
+    except AttributeError:
+        raise RangeError("RANGE-1", f"{short(r)} is not a whole HostRange") from None
+    if not isinstance(ring, HostRing) or type(start) is not int or type(nbytes) is not int:
+        raise RangeError("RANGE-1", f"{short(r)} is not a range of a HostRing: its fields were altered")
+    own = made_range(ring, start, nbytes)
+    try:
+        seq, redelivered = seq_of(r), redelivered_of(r)
+    except AttributeError:
+        return own  # (not a record `take` gave out)
+    if type(seq) is not int or type(redelivered) is not bool:
+        raise RangeError("RANGE-1", f"{short(r)} is not a range of a HostRing: its fields were altered")
+    _set_seq(own, seq)
+    _set_redelivered(own, redelivered)
+    return own
+
+
+def plain(r: HostRange) -> HostRange:
+    """`r` as a ring's methods read it: a HostRange of exactly this class with int fields is
+    itself; another HostRange (a subclass, or fields altered past its checks) is `own_range`'s
+    (its stored fields, read once, or RANGE-1); anything else is left to the method's checks."""
+    if type(r) is HostRange and type(r.start) is int and type(r.nbytes) is int:
+        return r
+    return own_range(r) if isinstance(r, HostRange) else r
 
 
 def made_range(ring: HostRing, start: int, nbytes: int) -> HostRange:

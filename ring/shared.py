@@ -41,6 +41,7 @@ from devbridge.ring.host import (
     _fmt,
     _Record,
     made_range,
+    plain,
     record_range,
 )
 from devbridge.ring.segment import Segment, alive, this_process
@@ -446,8 +447,9 @@ class SharedRing(HostRing):
         return max(tail_room, front, 0)
 
     def commit(self, r: HostRange, *, finishes: HostRange | None = None) -> int:
+        r = plain(r)
         if finishes is not None:
-            return self._commit_finishing(r, finishes)
+            return self._commit_finishing(r, plain(finishes))
         with self._lock:
             start, _ = self._check_commit(r)
             record = self._records[start]
@@ -558,6 +560,7 @@ class SharedRing(HostRing):
         return None
 
     def finished(self, r: HostRange) -> int | None:
+        r = plain(r)
         source = self._source_of(r)
         if self._closed or self._forks != _forks:
             self._check_open()
@@ -773,6 +776,7 @@ class SharedRing(HostRing):
         return None
 
     def released(self, r: HostRange) -> bool:
+        r = plain(r)
         self._check_open()
         with self._lock:
             self._check_ring(r)

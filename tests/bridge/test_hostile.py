@@ -878,6 +878,125 @@ def test_a_handle_subclass_that_lies_is_refused() -> None:
     refused(w, lambda: w.bridge.device_to_host(far, w.out), InvalidHandleError, "HANDLE-1")
 
 
+class ShiftyRange(HostRange):
+    """A HostRange subclass whose `nbytes` says 16 when first read and 1 MiB after (the stored
+    field says 16)."""
+
+    __slots__ = ("reads",)
+
+    @property  # type: ignore[misc]
+    def nbytes(self) -> int:  # type: ignore[override]
+        object.__setattr__(self, "reads", self.reads + 1)
+        return 16 if self.reads == 1 else 1 << 20
+
+
+class ShiftyDeviceRange(DeviceRange):
+    """A DeviceRange subclass whose `offset` says 0 when first read and 1 MiB after (the stored
+    field says 0)."""
+
+    __slots__ = ("reads",)
+
+    @property  # type: ignore[misc]
+    def offset(self) -> int:  # type: ignore[override]
+        object.__setattr__(self, "reads", self.reads + 1)
+        return 0 if self.reads == 1 else 1 << 20
+
+
+def built_past_checks(cls: type, **fields: object) -> Any:
+    """An instance of frozen, slotted `cls` with `fields` stored as given: no check ran."""
+    made = object.__new__(cls)
+    for name, value in fields.items():
+        for klass in cls.__mro__:  # (the slot of the class that declares it: a subclass's property hides it)
+            if isinstance(vars(klass).get(name), type(HostRange.start)):
+                vars(klass)[name].__set__(made, value)
+                break
+    return made
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_a_range_whose_fields_change_between_reads_is_copied_as_checked_or_refused() -> None:
+    """A copy reads each field of its ranges once and uses what it checked: a subclass's
+    property that answers otherwise the next time never reaches the backend. A range built past
+    its checks (a ring that is not a HostRing, a float start, a stored field missing) is RANGE-1,
+    with no backend call."""
+    w = make_world()
+    src = built_past_checks(ShiftyRange, ring=w.ring, start=w.src.start, nbytes=16, reads=0)
+    ncalls = len(w.fake.calls)
+    w.bridge.host_to_device(src, DeviceRange(w.h1, 0, 16))
+    (call,) = w.fake.calls[ncalls:]
+    assert (call.op, call.offset, call.nbytes) == ("copy_in", 0, 16)
+    assert read_device(w.bridge, w.ring, w.h1, 0, 64) == b"s" * 16 + PATTERN[16:]
+    dst = built_past_checks(ShiftyDeviceRange, handle=w.h1, offset=0, nbytes=16, reads=0)
+    ncalls = len(w.fake.calls)
+    w.bridge.device_to_host(dst, w.out)
+    (call,) = w.fake.calls[ncalls:]
+    assert (call.op, call.offset, call.nbytes) == ("copy_out", 0, 16)
+    assert bytes(w.ring.view(w.out)) == b"s" * 16
+
+    class NotARing:
+        def check_copy(self, r: object, into_device: bool) -> None:
+            pass
+
+        def raw(self, r: object) -> memoryview:
+            return memoryview(bytearray(1 << 20))
+
+    w = make_world()
+    target = DeviceRange(w.h1, 0, 16)
+    for forged in (
+        built_past_checks(HostRange, ring=NotARing(), start=0, nbytes=16),
+        built_past_checks(HostRange, ring=w.ring, start=float(w.src.start), nbytes=16),
+        built_past_checks(HostRange, ring=w.ring, start=w.src.start, nbytes=LyingInt(16)),
+        built_past_checks(ShiftyRange, ring=w.ring, start=w.src.start, reads=0),  # no stored size
+    ):
+        refused(w, lambda f=forged: w.bridge.host_to_device(f, target), RangeError, "RANGE-1")
+        refused(w, lambda f=forged: w.bridge.device_to_host(target, f), RangeError, "RANGE-1")
+
+
+class DriftingRange(HostRange):
+    """A HostRange subclass whose `start` says the stored one when first read and `drift` after."""
+
+    __slots__ = ("drift", "reads")
+
+    @property  # type: ignore[misc]
+    def start(self) -> int:  # type: ignore[override]
+        object.__setattr__(self, "reads", self.reads + 1)
+        return vars(HostRange)["start"].__get__(self) if self.reads == 1 else self.drift
+
+
+@pytest.mark.rejects("RANGE-1")
+def test_the_rings_methods_read_a_ranges_fields_once_and_refuse_one_built_past_its_checks() -> None:
+    """view, write, array, release and commit use a subclass's stored fields, read once: a
+    `start` that moves to another reservation after the checks releases nothing of it. A range
+    built past its checks (a float start) is RANGE-1 and changes nothing."""
+    ring = HostRing(256)
+    a, b = ring.reserve(16), ring.reserve(16)
+
+    def drifting(r: HostRange) -> HostRange:
+        made: HostRange = built_past_checks(DriftingRange, ring=ring, start=r.start, nbytes=16, reads=0, drift=b.start)
+        return made
+
+    ring.write(drifting(a), b"a" * 16)
+    assert bytes(ring.view(a)) == b"a" * 16 and bytes(ring.view(b)) == bytes(16)
+    assert bytes(ring.view(drifting(a))) == b"a" * 16 and ring.array(drifting(a), np.uint8).tolist() == [97] * 16
+    ring.release(drifting(a))
+    assert ring.released(a) and not ring.released(drifting(b)) and ring.unreleased() == [b]
+    assert ring.commit(drifting(b)) == 0 and ring.take(timeout=0).start == b.start
+    forged = built_past_checks(HostRange, ring=ring, start=float(b.start), nbytes=16)
+    for call in (ring.view, ring.release, ring.released, ring.commit, lambda r: ring.write(r, bytes(16))):
+        raises_exactly(lambda c=call: c(forged), RangeError, "RANGE-1")
+    assert ring.unreleased() == [b]
+
+
+@pytest.mark.rejects("VIEW-2")
+def test_a_view_built_past_its_checks_is_checked_again() -> None:
+    """A TensorViewSpec whose fields were set past its checks (a negative offset: a tinygrad view
+    before the allocation's first byte) gets VIEW-2, with no backend call."""
+    w = make_world()
+    for shape, offset in (((16,), -64), ((-16,), 0), ((16,), 4.0), ((LyingInt(-1),), 0)):
+        view = built_past_checks(TensorViewSpec, shape=shape, dtype="uint8", offset=offset)
+        refused(w, lambda v=view: w.bridge.wrap_for_tinygrad(w.h1, v), InvalidViewError, "VIEW-2")
+
+
 LIARS: dict[str, tuple[Callable[[World], object], type[BridgeError], str]] = {
     "alloc_device-extent": (lambda w: w.bridge.alloc_device(U8, LyingInt(-8)), RangeError, "ALLOC-1"),
     "HostRing-capacity": (lambda w: HostRing(LyingInt(-64)), RangeError, "RANGE-1"),
