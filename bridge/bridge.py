@@ -47,7 +47,7 @@ from devbridge.errors import (
     WaitTimeoutError,
     short,
 )
-from devbridge.ring.host import HostRange, HostRing, own_range
+from devbridge.ring.host import HostRange, HostRing, altered, own_range
 from devbridge.statemachine.core import Allocation, Composite, InFlight, LifecycleCore
 from devbridge.statemachine.status import OK, Status
 from devbridge.types import (
@@ -716,14 +716,14 @@ class Bridge:
                 host = own_range(host)  # (RANGE-1, or a subclass's stored fields in a plain HostRange)
             ring = host.ring
             if type(ring) is not HostRing and not isinstance(ring, HostRing):
-                host = own_range(host)  # (RANGE-1: a range built past its checks)
+                raise altered(host)  # (a range built past its checks)
             record, step, offset, n = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
+            span = (offset, offset + n)
             ring.check_copy(host, into_device)
             check = engine.host_check  # (the checking mode: None when off)
             fingerprint = check.hand_over(host) if check is not None and into_device else None
             before: list[InFlight] | None = None
             if record.accesses:  # uses in flight touch its bytes: the ones this copy follows
-                span = (offset, offset + n)
                 plan = core.plan(kind, [(record.id, record.generation)], span, sync)
                 if plan.blocker is not None:  # a synchronous one waits for them, then checks again
                     return Blocked(plan.blocker.event)
@@ -735,9 +735,7 @@ class Bridge:
                 except BackendError as e:
                     raise self._copy_failed(kind, host, src, dst, e) from e
                 if fingerprint is not None:
-                    self._checked(
-                        token, host, fingerprint, sync, hostcheck.copy_name(kind, record.id, (offset, offset + n))
-                    )
+                    self._checked(token, host, fingerprint, sync, hostcheck.copy_name(kind, record.id, span))
             if into_device:
                 self._copies_in += 1
                 self._bytes_in += host.nbytes
@@ -756,16 +754,15 @@ class Bridge:
                 else:
                     ring.write_done(host)
                     if check is not None:
-                        check.guard_output(host, hostcheck.copy_name(kind, record.id, (offset, offset + n)))
+                        check.guard_output(host, hostcheck.copy_name(kind, record.id, span))
                 return CopyEvent(engine, use_id, token, True, src=src, dst=dst)
-            span = (offset, offset + n)
             use = core.begin(
                 kind, [(record.id, record.generation)], host=host, keep_host=keep_host, span=span, before=before or []
             )
             if into_device:
                 ring.begin_read(host)
                 if check is not None and fingerprint is not None and token is None:  # held: checked once launched
-                    check.hold(use.id, fingerprint, hostcheck.copy_name(kind, record.id, (offset, offset + n)))
+                    check.hold(use.id, fingerprint, hostcheck.copy_name(kind, record.id, span))
             else:
                 ring.begin_write(host)
             return self._submitted(use, CopyEvent(engine, use.id, token, src=src, dst=dst), status)

@@ -847,6 +847,11 @@ _set_ring, _set_start, _set_nbytes, _set_seq, _set_redelivered = slot_setters(
 _STORED = tuple(vars(HostRange)[name].__get__ for name in ("ring", "start", "nbytes", "_seq", "_redelivered"))
 
 
+def altered(r: object) -> RangeError:
+    """RANGE-1 for a HostRange whose fields were altered past its checks."""
+    return RangeError("RANGE-1", f"{short(r)} is not a range of a HostRing: its fields were altered")
+
+
 def own_range(r: object) -> HostRange:
     """`r` as a copy may use it: a HostRange of exactly this class over a HostRing, with int
     fields. A subclass's stored fields are read once, past any property it put over them, into a
@@ -860,14 +865,14 @@ def own_range(r: object) -> HostRange:
     except AttributeError:
         raise RangeError("RANGE-1", f"{short(r)} is not a whole HostRange") from None
     if not isinstance(ring, HostRing) or type(start) is not int or type(nbytes) is not int:
-        raise RangeError("RANGE-1", f"{short(r)} is not a range of a HostRing: its fields were altered")
+        raise altered(r)
     own = made_range(ring, start, nbytes)
     try:
         seq, redelivered = seq_of(r), redelivered_of(r)
     except AttributeError:
         return own  # (not a record `take` gave out)
     if type(seq) is not int or type(redelivered) is not bool:
-        raise RangeError("RANGE-1", f"{short(r)} is not a range of a HostRing: its fields were altered")
+        raise altered(r)
     _set_seq(own, seq)
     _set_redelivered(own, redelivered)
     return own
