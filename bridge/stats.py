@@ -9,16 +9,28 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+
+def _plain(value: Any) -> Any:
+    """`value` as `dataclasses.asdict` copies a field: dataclasses as dicts, containers copied."""
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(type(value), "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
 
 
 class _DictAccess:
     """The old dict reads, each warning once per call site (Python's default filter)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """Every field by name (a plain dict: JSON-ready)."""
-        return asdict(self)  # type: ignore[call-overload, no-any-return]
+        """Every field by name (a plain dict: JSON-ready): what `dataclasses.asdict` gives, made
+        directly (the fields hold numbers, strings, tuples, mappings and dataclasses only)."""
+        return _plain(self)  # type: ignore[no-any-return]
 
     def _deprecated(self, how: str) -> None:
         kind = type(self).__name__

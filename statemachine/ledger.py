@@ -11,15 +11,12 @@ thread.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
 from devbridge.errors import BridgeError, InvalidHandleError, LifecycleError
 from devbridge.spec import LEVELS, Lifecycle, level
-from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, compile_table
 from devbridge.statemachine.records import (
     USE_EVENTS,
@@ -31,6 +28,7 @@ from devbridge.statemachine.records import (
     InvariantViolation,
     Lookups,
     Tracer,
+    compose,
     packaged_lookups,
 )
 
@@ -44,22 +42,17 @@ class Ledger:
     through the compiled spec table (the core, LifecycleCore, decides with it)."""
 
     def __init__(self, lifecycle: Lifecycle | None = None) -> None:
-        if lifecycle is None:
-            self._spec, lookups = load_spec(), packaged_lookups()
-        else:
-            self._spec = lifecycle
-            lookups = Lookups.of(lifecycle, compile_table(lifecycle))
+        lookups = packaged_lookups() if lifecycle is None else Lookups.of(lifecycle, compile_table(lifecycle))
+        self._spec = lookups.spec
         self._table = lookups.table
         self._errors = lookups.errors
         self._deltas = lookups.deltas
         self._hazards = lookups.hazards
         self._accesses = lookups.accesses
         self._failures = lookups.failures
-        #: (state, kind, level(copies), level(computes)) -> what a copy meets there, made with the
-        #: table for every count the state admits: the composite step of its begin and end (it
-        #: may begin: `take` takes it once the backend finished the copy), or the rule that
-        #: refuses it. A copy's checks and its per-call path are this one lookup (`copy_step`).
-        self.copy_steps: dict[tuple[str, str, int, int], Composite | str] = {}
+        #: what a copy meets, by state, kind and levels of its counts (`Lookups.copy_steps`:
+        #: made once per spec). A copy's checks and its per-call path are this one lookup.
+        self.copy_steps = lookups.copy_steps
         #: (state, no copies, no computes, no uses) -> whether the spec's `where` admits it (`_admits`)
         self._admitted: dict[tuple[str, bool, bool, bool], bool] = {}
         #: (state, event, copies, computes) -> what `fire` does there (`_firing`), made with the
@@ -85,16 +78,6 @@ class Ledger:
         self.tracer: Tracer | None = None
         #: Called with (earlier kind, later kind, hazard) for every ordering edge found (ORDER-1).
         self.edge_observer: Callable[[str, str, str], None] | None = None
-        for state, kind, copies, computes in itertools.product(
-            self._spec.states, ("copy_in", "copy_out"), range(LEVELS), range(LEVELS)
-        ):
-            if self._admits(state, copies, computes):
-                rule = self._table.lookup(state, USE_EVENTS[kind][0], copies, computes).rule
-                # (a spec that breaks its counts there makes none: a copy that meets it is refused then)
-                with contextlib.suppress(InvariantViolation):
-                    self.copy_steps[(state, kind, copies, computes)] = (
-                        rule if rule is not None else self._compose(state, kind, copies, computes)
-                    )
 
     # ------------------------------------------------------------ queries
 
@@ -272,7 +255,7 @@ class Ledger:
             copies, computes = level(copies), level(computes)
             step = self.copy_steps.get((state, kind, copies, computes))
             if step is None:  # (INV-COUNTS, raised now)
-                return self._compose(state, kind, copies, computes)
+                return compose(self._spec, self._table, self._errors, self._deltas, state, kind, copies, computes)
         if type(step) is str:  # the table's refusal: `check` finds it, tells an observer, raises it
             self.check([(record.id, record.generation)], USE_EVENTS[kind][0])
         assert isinstance(step, Composite), step  # (a refusal never gets here)
@@ -308,25 +291,6 @@ class Ledger:
             self.tracer.state(record, step.end, step.dest)
         self._next_use += 1
         return self._next_use - 1
-
-    def _compose(self, state: str, kind: str, copies: int, computes: int) -> Composite:
-        """A use's begin then end from the compiled table, validated once and kept."""
-        begin, end = USE_EVENTS[kind]
-        first = self._table.lookup(state, begin, copies, computes)
-        if first.rule is not None:
-            raise self._errors[first.rule](first.rule, f"{begin} rejected: allocation is {state}")
-        assert first.dest is not None and not first.release, (state, begin, first)
-        counter, _ = self._deltas[begin]
-        after = (copies + 1, computes) if counter == "copies" else (copies, computes + 1)
-        then = self._table.lookup(first.dest, end, *after)
-        assert then.dest is not None and not then.release and then.dest not in self._table.terminal, (then, after)
-        if not self._spec.states[then.dest].admits(copies, computes):
-            raise InvariantViolation(
-                "INV-COUNTS",
-                f"a {kind} from {state} would leave it {then.dest} with {copies} copies and "
-                f"{computes} computes in flight",
-            )
-        return Composite(begin, first, first.dest, end, then, then.dest)
 
     def end(self, use_id: int, ok: bool) -> Effects:
         """The backend is done with a use (successfully or not)."""

@@ -5,13 +5,15 @@ uses to do (`Effect`: `Submit`, `HostDone`, `Release`, `Settle`), and what it re
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol, TypeAlias
 
 from devbridge.errors import ERRORS, BridgeError
-from devbridge.spec import Lifecycle
+from devbridge.spec import LEVELS, Lifecycle
 from devbridge.spec import load as load_spec
 from devbridge.statemachine.machine import Step, Table, default_table
 from devbridge.statemachine.status import Status
@@ -190,10 +192,16 @@ class Composite:
     dest: str
 
 
+#: (state, kind, level(copies), level(computes)) -> what a copy meets there: the composite step
+#: of its begin and end, or the rule that refuses it.
+CopySteps: TypeAlias = "Mapping[tuple[str, str, int, int], Composite | str]"
+
+
 @dataclass(frozen=True, slots=True)
 class Lookups:
     """What a core reads from its spec on every call, derived once per spec (not per core)."""
 
+    spec: Lifecycle
     table: Table
     errors: Mapping[str, type[BridgeError]]  # rule -> the error it raises
     deltas: Mapping[str, tuple[str | None, int]]  # event -> (counter, delta)
@@ -202,18 +210,65 @@ class Lookups:
     accesses: frozenset[str]  # the kinds of use that some hazard orders
     #: a failed use's kind, or "aborted" -> the rule its event reports and the error it raises
     failures: Mapping[str, tuple[str, type[BridgeError]]]
+    #: what a copy meets, made with the table for every count each state admits: the composite
+    #: step of its begin and end (it may begin: `take` takes it once the backend finished the
+    #: copy), or the rule that refuses it. A copy's checks and its per-call path are this lookup.
+    copy_steps: CopySteps
 
     @classmethod
     def of(cls, spec: Lifecycle, table: Table) -> Lookups:
         hazards = {(a, b): spec.hazard(a, b) for a in USE_EVENTS for b in USE_EVENTS}
+        errors = {r.id: ERRORS[r.error or "BridgeError"] for r in spec.rules.values()}
+        deltas = {e.name: (e.counter, e.delta) for e in spec.events.values()}
+        copy_steps: dict[tuple[str, str, int, int], Composite | str] = {}
+        for state, kind, copies, computes in itertools.product(
+            spec.states, ("copy_in", "copy_out"), range(LEVELS), range(LEVELS)
+        ):
+            if spec.states[state].admits(copies, computes):
+                case = (state, kind, copies, computes)
+                rule = table.lookup(state, USE_EVENTS[kind][0], copies, computes).rule
+                # (a spec that breaks its counts there makes none: a copy that meets it is refused then)
+                with contextlib.suppress(InvariantViolation):
+                    copy_steps[case] = rule if rule is not None else compose(spec, table, errors, deltas, *case)
         return cls(
+            spec,
             table,
-            {r.id: ERRORS[r.error or "BridgeError"] for r in spec.rules.values()},
-            {e.name: (e.counter, e.delta) for e in spec.events.values()},
+            errors,
+            deltas,
             hazards,
             frozenset(k for k in USE_EVENTS if any(hazards[(k, b)] for b in USE_EVENTS)),
             {f.when: (f.rule, ERRORS[f.error]) for f in spec.failures.values()},
+            copy_steps,
         )
+
+
+def compose(
+    spec: Lifecycle,
+    table: Table,
+    errors: Mapping[str, type[BridgeError]],
+    deltas: Mapping[str, tuple[str | None, int]],
+    state: str,
+    kind: str,
+    copies: int,
+    computes: int,
+) -> Composite:
+    """A use's begin then end from the compiled table, validated: the rule's error when the table
+    refuses the begin, INV-COUNTS when the end would leave counts its state does not admit."""
+    begin, end = USE_EVENTS[kind]
+    first = table.lookup(state, begin, copies, computes)
+    if first.rule is not None:
+        raise errors[first.rule](first.rule, f"{begin} rejected: allocation is {state}")
+    assert first.dest is not None and not first.release, (state, begin, first)
+    counter, _ = deltas[begin]
+    after = (copies + 1, computes) if counter == "copies" else (copies, computes + 1)
+    then = table.lookup(first.dest, end, *after)
+    assert then.dest is not None and not then.release and then.dest not in table.terminal, (then, after)
+    if not spec.states[then.dest].admits(copies, computes):
+        raise InvariantViolation(
+            "INV-COUNTS",
+            f"a {kind} from {state} would leave it {then.dest} with {copies} copies and {computes} computes in flight",
+        )
+    return Composite(begin, first, first.dest, end, then, then.dest)
 
 
 @cache

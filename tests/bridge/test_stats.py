@@ -37,6 +37,11 @@ def test_stats_and_pins_are_frozen_dataclasses_whose_dicts_are_json(bridge: Brid
         {"kind": "copy_in", "use_id": 0, "range": [0, 16], "held": False, "follows": [], "open": False}
     ]
     assert json.loads(json.dumps(stats.as_dict())) == stats.as_dict()
+    # what the standard library's asdict gives, nested dataclasses included
+    memory = bridge.memory_stats()
+    for report in (stats, pins, memory):
+        assert report.as_dict() == dataclasses.asdict(report)  # type: ignore[call-overload]
+    assert type(memory.as_dict()["all"]) is dict
     assert tuple(stats.as_dict()) == LIVE + COUNTED and len(set(COUNTED)) == len(COUNTED) == 18
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.allocs = 5  # type: ignore[misc]
