@@ -718,6 +718,7 @@ class Bridge:
             if type(ring) is not HostRing and not isinstance(ring, HostRing):
                 raise altered(host)  # (a range built past its checks)
             record, step, offset, n = self._device_step(kind, device, host.nbytes, "H2D-1" if into_device else "D2H-1")
+            counts = (record.state, record.copies, record.computes)  # what `step` was made for
             span = (offset, offset + n)
             ring.check_copy(host, into_device)
             check = engine.host_check  # (the checking mode: None when off)
@@ -743,8 +744,10 @@ class Bridge:
                 self._copies_out += 1
                 self._bytes_out += host.nbytes
             if sync or (status := self._first_status(token)) is OK:
-                # done already: one composite step, nothing left in flight (H2D-2, D2H-2)
-                if record.copies or record.computes:  # a use of it may have ended during the call
+                # done already: one composite step, nothing left in flight (H2D-2, D2H-2); made
+                # again if a use of it ended during the call (a backend that reports this copy done
+                # on the caller's thread applies what other threads reported meanwhile)
+                if (record.state, record.copies, record.computes) != counts:
                     step = core.copy_step(record, kind)
                 use_id = core.take(record, step)
                 if self._trace is not None:

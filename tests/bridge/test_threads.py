@@ -56,3 +56,38 @@ def test_completions_from_another_thread_release_every_byte_exactly_once() -> No
         bridge.device_to_host(DeviceRange(h, 0, 64), out)
         assert bytes(ring.view(out)) == bytes([last % 251]) * 64
         ring.release(out)
+
+
+class HeardAtOnce(FakeBackend):
+    """A device whose copy can finish before the call that issued it returns, heard on the
+    caller's thread (as tinygrad's CPU copy thread is: a future already done runs its callback at
+    once), while a device thread reports an earlier copy (queued: the call holds the lock)."""
+
+    earlier: object = None
+
+    def copy_in(self, buffer: object, offset: int, src: memoryview, *, sync: bool) -> object:
+        token = super().copy_in(buffer, offset, src, sync=sync)
+        if self.earlier is not None and not sync:
+            reporter = threading.Thread(target=self.complete, args=(self.earlier,))
+            reporter.start()  # the device thread: the Bridge's lock is busy, its report waits
+            reporter.join()
+            self.complete(token)  # this copy, done already: heard here, where the lock is ours
+        return token
+
+
+def test_a_use_that_ends_during_a_copy_call_leaves_the_state_its_counts_say() -> None:
+    fake = HeardAtOnce()
+    bridge = Bridge(fake)
+    ring = HostRing(1024)
+    h = bridge.alloc_device(U8, 64)
+    first = bridge.host_to_device(put(ring, b"a" * 16), DeviceRange(h, 0, 16), sync=False)
+    assert bridge.state(h) == "copying"
+    fake.earlier = first
+    second = bridge.host_to_device(put(ring, b"b" * 16), DeviceRange(h, 16, 16), sync=False)
+    # both ended: the first during the second's call, the second before it returned
+    assert first.done() and second.done()
+    assert bridge.pins(h).copies_in == 0
+    assert bridge.state(h) == "idle"
+    assert fake.device_bytes(h.id)[:32] == b"a" * 16 + b"b" * 16
+    bridge.free_device(h)  # freed at once: no use is left to wait for
+    assert fake.calls[-1].op == "free" and bridge.state(h) == "freed"
