@@ -35,6 +35,7 @@ from devbridge import (
     WaitTimeoutError,
 )
 from devbridge.ring.segment import SHM_DIR
+from devbridge.ring.shared import SharedRing
 from devbridge.testing import FakeBackend
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -332,6 +333,25 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
         for path in paths:
             if path.exists() or path.is_symlink():
                 path.unlink()
+
+
+def test_a_segments_header_says_what_it_is_and_another_layout_is_refused_by_name(
+    shared: Callable[..., HostRing],
+) -> None:
+    """What an operator sees in /dev/shm: a ring's first 8 bytes spell DEVBRING, the next word is
+    its layout version (2). A segment of another version (an older devbridge's) is refused with
+    both versions named, before anything else of it is read."""
+    ring = shared(64)
+    assert isinstance(ring, SharedRing)
+    path = Path(SHM_DIR, ring.name)
+    header = path.read_bytes()[:16]
+    assert header[:8] == b"DEVBRING" and int.from_bytes(header[8:], "little") == 2
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write((1).to_bytes(8, "little"))
+    with refused("SHM-1", RingCorruptError, match="has ring layout 1; this devbridge reads 2"):
+        HostRing.attach(ring.name)
+    ring.close()
 
 
 def test_a_ring_is_made_readable_and_writable_by_its_user_only(shared: Callable[..., HostRing]) -> None:
