@@ -641,18 +641,22 @@ def check_ring(bound: RingBound | None = None) -> RingResult:
     t0 = time.perf_counter()
     seen: set[tuple[object, ...]] = set()
     queue: deque[tuple[Step, ...]] = deque([()])
+    # what a probe (run to count a step's writes) found at the path it ran: that path's state,
+    # when the queue comes to it, without replaying it again
+    probed: dict[tuple[Step, ...], tuple[tuple[object, ...], list[Action], int, set[tuple[str, str]]]] = {}
     result = RingResult(0, 0, 0.0)
     while queue and result.violation is None:
         path = queue.popleft()
-        world, result.violation = _run(bound, path, final=False)
-        if world is None:
-            break
-        result.transitions |= world.moved
-        key = _key(world)
-        depth_left = len(path) < bound.depth
-        actions = list(world.actions()) if depth_left and key not in seen else []
-        crashes_left = world.crashes < bound.crashes
-        world.close()
+        found = probed.pop(path, None)
+        if found is None:
+            world, result.violation = _run(bound, path, final=False)
+            if world is None:
+                break
+            found = _found(world)
+            world.close()
+        key, every, crashes, moved = found
+        result.transitions |= moved
+        actions = every if len(path) < bound.depth and key not in seen else []
         if key in seen:
             continue
         seen.add(key)
@@ -667,15 +671,22 @@ def check_ring(bound: RingBound | None = None) -> RingResult:
         for action in actions:
             result.actions.add(action[0])
             queue.append((*path, (action, None)))
-            if crashes_left and action[0] != "reclaim":
+            if crashes < bound.crashes and action[0] != "reclaim":
                 probe, result.violation = _run(bound, (*path, (action, None)), final=False)
                 if probe is None:
                     break
                 writes = probe.last_writes
+                probed[(*path, (action, None))] = _found(probe)
                 probe.close()
                 queue.extend((*path, (action, k)) for k in range(writes + 1))
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _found(world: _World) -> tuple[tuple[object, ...], list[Action], int, set[tuple[str, str]]]:
+    """What the search reads of a world: its state's key, the actions open to it, its crashes
+    so far and the spec transitions it moved along."""
+    return _key(world), list(world.actions()), world.crashes, set(world.moved)
 
 
 def _run(bound: RingBound, path: tuple[Step, ...], final: bool) -> tuple[_World | None, RingViolation | None]:
