@@ -657,8 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     def tests_for(m: Mutant, slow: bool) -> list[str]:
         hit = set().union(*(lines[m.file].get(n, set()) for n in range(m.line, m.end_line + 1)))
         at_import = m.function == "<module>" or ("." not in m.function and m.function[:1].isupper())  # a class body
-        if not hit and at_import:
-            hit = set().union(*lines[m.file].values())  # run at import: every test of the file's code
+        if at_import:  # run at import, by whichever test imported the file first: every test of its code
+            hit = set().union(*lines[m.file].values())
         chosen = [t for t in hit if t.startswith(SLOW) == slow]
         # what killed this function's other mutants first (a killed mutant stops at its first
         # failure), then fastest first; the order changes what runs, never the outcome
