@@ -34,7 +34,7 @@ from devbridge import (
     StaleHandleError,
     WaitTimeoutError,
 )
-from devbridge.ring.segment import SHM_DIR
+from devbridge.ring.segment import SHM_DIR, this_process
 from devbridge.ring.shared import SharedRing
 from devbridge.testing import FakeBackend
 
@@ -351,6 +351,27 @@ def test_a_segments_header_says_what_it_is_and_another_layout_is_refused_by_name
         f.write((1).to_bytes(8, "little"))
     with refused("SHM-1", RingCorruptError, match="has ring layout 1; this devbridge reads 2"):
         HostRing.attach(ring.name)
+    ring.close()
+
+
+def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
+    """Layout 2, as another version must read it: a header of 32 words, the commit table (a word
+    per record), the slot table (8 words per record: start, size, pid, start time, check word,
+    sequence number, state, bytes freed), the source table, the data at the next page. A change
+    to any of it is a new layout version."""
+    ring = shared(256, records=4)
+    assert isinstance(ring, SharedRing)
+    first, second = ring.reserve(16), ring.reserve(8)
+    ring.commit(second)
+    words = memoryview(Path(SHM_DIR, ring.name).read_bytes()).cast("q")
+    pid, started = this_process()
+    slots = 32 + 4
+    assert list(words[slots : slots + 8])[:4] == [0, 16, pid, started]
+    assert list(words[slots + 8 : slots + 16])[:4] == [16, 8, pid, started]
+    assert words[slots + 5] == -1 and words[slots + 8 + 5] == 0  # sequence numbers: none yet, 0
+    assert words[32] == 1  # the commit table: record 0 is reservation 1
+    assert len(words) * 8 == 4096 + 256  # (32 + 4 + 32 + 4) words of tables, then the data
+    ring.release(first)
     ring.close()
 
 
