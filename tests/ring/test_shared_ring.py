@@ -419,6 +419,29 @@ _OPS: dict[str, Callable[[HostRing, HostRing, HostRange, HostRange], object]] = 
 }
 
 
+def test_a_counter_past_2_to_the_62_is_corruption_named_by_its_word() -> None:
+    """No counter of a ring in use comes near 2**62 (a record a nanosecond for 146 years): a
+    larger one is a scribble, refused as SHM-1 naming the word and its range, changing nothing."""
+    name = ring_name()
+    ring = HostRing.create(name, 256, records=8)
+    try:
+        ring.commit(fill(ring, b"x"))
+        words = _words_of(name)
+        words[7] = (1 << 62) + 1  # the next sequence number
+        before = bytes(words)
+        with refused(
+            "SHM-1",
+            RingCorruptError,
+            match=r"header word 7 holds 4611686018427387905, outside \[0, 4611686018427387904\]",
+        ):
+            ring.take(timeout=0)
+        assert bytes(words) == before
+        words.release()
+        ring.close()
+    finally:
+        os.unlink(Path(SHM_DIR, name))
+
+
 @pytest.mark.holds("SHM-1")
 @settings(max_examples=200, deadline=None)
 @given(
