@@ -290,6 +290,32 @@ def test_a_dead_producers_reservation_is_reclaimed_and_its_commits_delivered(sha
     assert ring.cursor == ring.head == 94
 
 
+def test_a_reservation_waiting_for_room_gets_it_soon_after_the_producer_holding_it_dies(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A waiting `reserve` looks for dead producers every RECLAIM_EVERY_S (50 ms), not only when
+    it starts: a producer killed while another waits for its room frees it within a few looks."""
+    ring = shared(64)
+    child = SPAWN.Process(target=ring_procs.reserve_and_die, args=(ring.name, 60, True))  # type: ignore[attr-defined]
+    child.start()
+    try:
+        deadline = time.monotonic() + 30
+        while ring.head != 60 and time.monotonic() < deadline:  # (its reservation made)
+            time.sleep(0.01)
+        assert ring.head == 60
+        killer = threading.Timer(0.2, os.kill, (child.pid, signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        r = ring.reserve(30, timeout=1.0)  # its first look finds the producer alive
+        waited = time.monotonic() - t0
+        killer.join()
+        assert 0.2 <= waited < 0.8 and r.start == 64 and ring.stats()["reclaimed"] == 1  # type: ignore[attr-defined]
+        ring.release(r)
+    finally:
+        child.kill()
+        child.join(30)
+
+
 @pytest.mark.rejects("RING-6")
 def test_a_live_producers_reservation_is_never_reclaimed(shared: Callable[..., HostRing]) -> None:
     ring = shared(64)
