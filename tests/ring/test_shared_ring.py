@@ -290,6 +290,27 @@ def test_a_dead_producers_reservation_is_reclaimed_and_its_commits_delivered(sha
     assert ring.cursor == ring.head == 94
 
 
+def test_a_consumer_waiting_in_take_learns_of_a_replacement_that_died_before_waking_it(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A replacement killed between its generation write and its wake-up leaves the old consumer
+    asleep in `take`: it looks again every FENCE_EVERY_S (250 ms), and then raises GEN-2."""
+    ring = shared(64)
+    assert isinstance(ring, SharedRing)
+    ring.consume()
+    words = _words_of(ring.name)
+    # (the header's generation word, written as a consume() killed right after it leaves it)
+    scribbler = threading.Timer(0.1, words.__setitem__, (9, words[9] + 1))
+    scribbler.start()
+    t0 = time.monotonic()
+    with refused("GEN-2", StaleHandleError):
+        ring.take(timeout=1.0)
+    waited = time.monotonic() - t0
+    scribbler.join()
+    words.release()
+    assert 0.1 <= waited < 0.8
+
+
 def test_a_reservation_waiting_for_room_gets_it_soon_after_the_producer_holding_it_dies(
     shared: Callable[..., HostRing],
 ) -> None:
