@@ -34,6 +34,7 @@ from devbridge import (
     StaleHandleError,
     WaitTimeoutError,
 )
+from devbridge.ring.host import made_range
 from devbridge.ring.segment import SHM_DIR, this_process
 from devbridge.ring.shared import SharedRing
 from devbridge.testing import FakeBackend
@@ -288,6 +289,29 @@ def test_a_dead_producers_reservation_is_reclaimed_and_its_commits_delivered(sha
     assert r.start == 64 and ring.stats()["reclaimed"] == 1  # type: ignore[attr-defined]
     ring.release(r)
     assert ring.cursor == ring.head == 94
+
+
+def test_bytes_a_process_does_not_hold_are_refused_naming_whose_they_are(shared: Callable[..., HostRing]) -> None:
+    """A producer touching bytes it handed over is told where they are (RING-4): committed and
+    not taken, taken by the consumer, or by then another process's reservation."""
+    ring = shared(32)
+    other = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    consumer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    r = fill(ring, b"x" * 16)
+    ring.commit(r)
+    with refused("RING-4", RangeError, match="are a committed record, not taken yet, not this process's"):
+        ring.view(r)
+    taken = consumer.take(timeout=1)
+    with refused("RING-4", RangeError, match="are a record the consumer took, not this process's"):
+        ring.view(r)
+    consumer.release(taken)
+    other.reserve(16)  # [16, 32)
+    again = other.reserve(16)  # [32, 48): the bytes of `r`, a lap later
+    assert again.start % 32 == r.start
+    with refused("RING-4", RangeError, match="are another process's reservation, not this process's"):
+        ring.view(made_range(ring, r.start + 32, 16))
+    for attached in (other, consumer):
+        attached.close()
 
 
 def test_a_consumer_waiting_in_take_learns_of_a_replacement_that_died_before_waking_it(
