@@ -35,7 +35,7 @@ from devbridge import (
     WaitTimeoutError,
 )
 from devbridge.ring.host import made_range
-from devbridge.ring.segment import SHM_DIR, this_process
+from devbridge.ring.segment import SHM_DIR
 from devbridge.ring.shared import SharedRing
 from devbridge.testing import FakeBackend
 
@@ -428,21 +428,21 @@ def test_a_segments_header_says_what_it_is_and_another_layout_is_refused_by_name
 def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     """Layout 2, as another version must read it: a header of 32 words, the commit table (a word
     per record), the slot table (8 words per record: start, size, pid, start time, check word,
-    sequence number, state, bytes freed), the source table, the data at the next page. A change
-    to any of it is a new layout version."""
+    sequence number, state, bytes freed; states 1 reserved, 2 released, 3 reclaimed), the source
+    table, the data at the next page. A change to any of it is a new layout version."""
     ring = shared(256, records=4)
     assert isinstance(ring, SharedRing)
+    ring.process = (1 << 30, 1)  # (an identity of its own: the check words below are fixed)
     first, second = ring.reserve(16), ring.reserve(8)
     ring.commit(second)
-    words = memoryview(Path(SHM_DIR, ring.name).read_bytes()).cast("q")
-    pid, started = this_process()
-    slots = 32 + 4
-    assert list(words[slots : slots + 8])[:4] == [0, 16, pid, started]
-    assert list(words[slots + 8 : slots + 16])[:4] == [16, 8, pid, started]
-    assert words[slots + 5] == -1 and words[slots + 8 + 5] == 0  # sequence numbers: none yet, 0
-    assert words[32] == 1  # the commit table: record 0 is reservation 1
-    assert len(words) * 8 == 4096 + 256  # (32 + 4 + 32 + 4) words of tables, then the data
     ring.release(first)
+    words = memoryview(Path(SHM_DIR, ring.name).read_bytes()).cast("q")
+    slots = 32 + 4
+    assert list(words[slots : slots + 8]) == [0, 16, 1 << 30, 1, 3022253366024139189, -1, 2, 0]
+    assert list(words[slots + 8 : slots + 16]) == [16, 8, 1 << 30, 1, 3763103563314028141, 0, 1, 0]
+    assert words[32] == 1  # the commit table: record 0 is reservation 1
+    assert list(words[5:9]) == [2, 1, 1, 0]  # reservations made, the oldest live, next record, next to take
+    assert len(words) * 8 == 4096 + 256  # (32 + 4 + 32 + 4) words of tables, then the data
     ring.close()
 
 
