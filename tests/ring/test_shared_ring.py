@@ -444,6 +444,23 @@ def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     assert list(words[5:9]) == [2, 1, 1, 0]  # reservations made, the oldest live, next record, next to take
     assert len(words) * 8 == 4096 + 256  # (32 + 4 + 32 + 4) words of tables, then the data
     ring.close()
+    # 48 records: 32 + 48 + 8 * 48 + 48 words of tables fill the first page exactly; the smallest
+    # ring, one byte, follows them
+    edge = shared(1, records=48)
+    assert isinstance(edge, SharedRing)
+    assert Path(SHM_DIR, edge.name).stat().st_size == 4096 + 1
+    r = edge.reserve(1)
+    edge.commit(r)
+    edge.release(edge.take(timeout=1))
+    assert edge.cursor == edge.head == 1
+    edge.close()
+    one = shared(8, records=1)  # one record at a time, its slot reused
+    for i in range(3):
+        one.commit(fill(one, bytes([i]) * 8))
+        got = one.take(timeout=1)
+        assert (got.seq, bytes(one.view(got))) == (i, bytes([i]) * 8)
+        one.release(got)
+    one.close()
 
 
 def test_a_ring_is_made_readable_and_writable_by_its_user_only(shared: Callable[..., HostRing]) -> None:
