@@ -454,6 +454,10 @@ def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     edge.release(edge.take(timeout=1))
     assert edge.cursor == edge.head == 1
     edge.close()
+    most = shared(8, records=1 << 20)  # the most records a ring may have (84 MB of tables, untouched)
+    most.commit(fill(most, b"m"))
+    most.release(most.take(timeout=1))
+    most.close()
     one = shared(8, records=1)  # one record at a time, its slot reused
     for i in range(3):
         one.commit(fill(one, bytes([i]) * 8))
