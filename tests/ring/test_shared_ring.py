@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import stat
 import threading
@@ -385,21 +386,41 @@ def test_a_live_producers_reservation_is_never_reclaimed(shared: Callable[..., H
 
 @pytest.mark.rejects("SHM-1")
 def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_path: Path) -> None:
-    names = [ring_name() for _ in range(4)]
+    """Each way a name can fail to be this user's ring is refused as SHM-1, saying which."""
+    names = [ring_name() for _ in range(8)]
     paths = [Path(SHM_DIR, n) for n in names]
+    header = (0x474E495242564544).to_bytes(8, "little") + (2).to_bytes(8, "little")  # DEVBRING, layout 2
+
+    def ring_header(capacity: int, slots: int, data: int, ring_id: int) -> bytes:
+        words = [capacity, slots, data, *[0] * 14, ring_id]  # (words 2 to 4, then 5 to 18; the identity 19)
+        return header + b"".join(w.to_bytes(8, "little") for w in words)
+
     try:
-        paths[0].write_bytes(os.urandom(8192))
-        os.chmod(paths[0], 0o600)  # random bytes: no magic
+        paths[0].write_bytes(os.urandom(8192))  # random bytes: no magic
         ring = HostRing.create(names[1], 64)
         ring.close()
         os.chmod(paths[1], 0o644)  # a ring others could read
         paths[2].symlink_to(tmp_path)  # a link
-        with open(paths[3], "wb") as f:  # a ring's header, cut short
-            f.write(b"\0" * 16)
-        os.chmod(paths[3], 0o600)
-        for name in names:
-            with refused("SHM-1", RingCorruptError):
-                HostRing.attach(name)
+        paths[3].write_bytes(b"\0" * 16)  # a ring's header, cut short
+        paths[4].write_bytes(ring_header(64, 4, 4096, 7).ljust(256, b"\0"))  # a header and no tables
+        paths[5].write_bytes(ring_header(64, 4, 8192, 7).ljust(4096 + 64, b"\0"))  # tables at the wrong place
+        paths[6].write_bytes(ring_header(64, 4, 4096, 0).ljust(4096 + 64, b"\0"))  # no identity
+        paths[7].write_bytes(ring_header(64, 4, 4096, 7).ljust(4096 + 64, b"\0"))  # a ring's header: attaches
+        for path in (paths[0], *paths[3:]):
+            os.chmod(path, 0o600)
+        said = {
+            0: "is not a devbridge ring",
+            1: "is not this user's alone",
+            2: "cannot be opened as a ring",
+            3: "is 16 B: too short for a ring",
+            4: "is 256 B, not the 4160 B its header says",
+            5: "header holds no ring's sizes",
+            6: "header holds no ring's identity",
+        }
+        for k, message in said.items():
+            with refused("SHM-1", RingCorruptError, match=re.escape(message)):
+                HostRing.attach(names[k])
+        HostRing.attach(names[7]).close()
     finally:
         for path in paths:
             if path.exists() or path.is_symlink():
