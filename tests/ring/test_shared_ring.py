@@ -387,7 +387,7 @@ def test_a_live_producers_reservation_is_never_reclaimed(shared: Callable[..., H
 @pytest.mark.rejects("SHM-1")
 def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_path: Path) -> None:
     """Each way a name can fail to be this user's ring is refused as SHM-1, saying which."""
-    names = [ring_name() for _ in range(8)]
+    names = [ring_name() for _ in range(12)]
     paths = [Path(SHM_DIR, n) for n in names]
     header = (0x474E495242564544).to_bytes(8, "little") + (2).to_bytes(8, "little")  # DEVBRING, layout 2
 
@@ -406,6 +406,10 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
         paths[5].write_bytes(ring_header(64, 4, 8192, 7).ljust(4096 + 64, b"\0"))  # tables at the wrong place
         paths[6].write_bytes(ring_header(64, 4, 4096, 0).ljust(4096 + 64, b"\0"))  # no identity
         paths[7].write_bytes(ring_header(64, 4, 4096, 7).ljust(4096 + 64, b"\0"))  # a ring's header: attaches
+        paths[8].write_bytes(ring_header(0, 4, 4096, 7).ljust(4096, b"\0"))  # no bytes
+        paths[9].write_bytes(ring_header(64, 0, 4096, 7).ljust(4096 + 64, b"\0"))  # no records
+        paths[10].write_bytes(ring_header((1 << 40) + 1, 4, 4096, 7).ljust(4096, b"\0"))  # past the largest
+        paths[11].write_bytes(ring_header(64, (1 << 20) + 1, 84 << 20, 7).ljust(4096, b"\0"))  # too many records
         for path in (paths[0], *paths[3:]):
             os.chmod(path, 0o600)
         said = {
@@ -416,6 +420,7 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
             4: "is 256 B, not the 4160 B its header says",
             5: "header holds no ring's sizes",
             6: "header holds no ring's identity",
+            **dict.fromkeys(range(8, 12), "header holds no ring's sizes"),
         }
         for k, message in said.items():
             with refused("SHM-1", RingCorruptError, match=re.escape(message)):
@@ -472,19 +477,25 @@ def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     assert Path(SHM_DIR, edge.name).stat().st_size == 4096 + 1
     r = edge.reserve(1)
     edge.commit(r)
-    edge.release(edge.take(timeout=1))
+    consumer = HostRing.attach(edge.name)
+    consumer.release(consumer.take(timeout=1))
+    consumer.close()
     assert edge.cursor == edge.head == 1
     edge.close()
     most = shared(8, records=1 << 20)  # the most records a ring may have (84 MB of tables, untouched)
     most.commit(fill(most, b"m"))
-    most.release(most.take(timeout=1))
+    consumer = HostRing.attach(most.name)  # type: ignore[attr-defined]
+    consumer.release(consumer.take(timeout=1))
+    consumer.close()
     most.close()
     one = shared(8, records=1)  # one record at a time, its slot reused
+    consumer = HostRing.attach(one.name)  # type: ignore[attr-defined]
     for i in range(3):
         one.commit(fill(one, bytes([i]) * 8))
-        got = one.take(timeout=1)
-        assert (got.seq, bytes(one.view(got))) == (i, bytes([i]) * 8)
-        one.release(got)
+        got = consumer.take(timeout=1)
+        assert (got.seq, bytes(consumer.view(got))) == (i, bytes([i]) * 8)
+        consumer.release(got)
+    consumer.close()
     one.close()
 
 
