@@ -422,9 +422,11 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
             6: "header holds no ring's identity",
             **dict.fromkeys(range(8, 12), "header holds no ring's sizes"),
         }
+        open_files = len(os.listdir("/proc/self/fd"))
         for k, message in said.items():
             with refused("SHM-1", RingCorruptError, match=re.escape(message)):
                 HostRing.attach(names[k])
+        assert len(os.listdir("/proc/self/fd")) == open_files  # a refused segment's file is closed
         HostRing.attach(names[7]).close()
     finally:
         for path in paths:
