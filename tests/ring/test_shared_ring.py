@@ -387,7 +387,7 @@ def test_a_live_producers_reservation_is_never_reclaimed(shared: Callable[..., H
 @pytest.mark.rejects("SHM-1")
 def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_path: Path) -> None:
     """Each way a name can fail to be this user's ring is refused as SHM-1, saying which."""
-    names = [ring_name() for _ in range(12)]
+    names = [ring_name() for _ in range(14)]
     paths = [Path(SHM_DIR, n) for n in names]
     header = (0x474E495242564544).to_bytes(8, "little") + (2).to_bytes(8, "little")  # DEVBRING, layout 2
 
@@ -405,11 +405,13 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
         paths[4].write_bytes(ring_header(64, 4, 4096, 7).ljust(256, b"\0"))  # a header and no tables
         paths[5].write_bytes(ring_header(64, 4, 8192, 7).ljust(4096 + 64, b"\0"))  # tables at the wrong place
         paths[6].write_bytes(ring_header(64, 4, 4096, 0).ljust(4096 + 64, b"\0"))  # no identity
-        paths[7].write_bytes(ring_header(64, 4, 4096, 7).ljust(4096 + 64, b"\0"))  # a ring's header: attaches
+        paths[7].write_bytes(ring_header(64, 4, 4096, 1).ljust(4096 + 64, b"\0"))  # a ring's header: attaches
         paths[8].write_bytes(ring_header(0, 4, 4096, 7).ljust(4096, b"\0"))  # no bytes
         paths[9].write_bytes(ring_header(64, 0, 4096, 7).ljust(4096 + 64, b"\0"))  # no records
         paths[10].write_bytes(ring_header((1 << 40) + 1, 4, 4096, 7).ljust(4096, b"\0"))  # past the largest
         paths[11].write_bytes(ring_header(64, (1 << 20) + 1, 84 << 20, 7).ljust(4096, b"\0"))  # too many records
+        paths[12].write_bytes(ring_header(1 << 40, 4, 4096, 7).ljust(4096, b"\0"))  # the largest, in a page
+        paths[13].write_bytes(ring_header(64, 4, 4096, 1 << 62).ljust(4096 + 64, b"\0"))  # an identity too large
         for path in (paths[0], *paths[3:]):
             os.chmod(path, 0o600)
         said = {
@@ -421,6 +423,8 @@ def test_attach_refuses_what_is_not_a_devbridge_ring_of_this_users_alone(tmp_pat
             5: "header holds no ring's sizes",
             6: "header holds no ring's identity",
             **dict.fromkeys(range(8, 12), "header holds no ring's sizes"),
+            12: f"is 4096 B, not the {4096 + (1 << 40)} B its header says",
+            13: "header holds no ring's identity",
         }
         open_files = len(os.listdir("/proc/self/fd"))
         for k, message in said.items():
