@@ -878,28 +878,23 @@ def test_a_handle_subclass_that_lies_is_refused() -> None:
     refused(w, lambda: w.bridge.device_to_host(far, w.out), InvalidHandleError, "HANDLE-1")
 
 
-class ShiftyRange(HostRange):
-    """A HostRange subclass whose `nbytes` says 16 when first read and 1 MiB after (the stored
-    field says 16)."""
+def changing(base: type, field: str, answer: Callable[[Any, int], int]) -> type:
+    """A slotted subclass of the range class `base` whose `field` is a property answering
+    `answer(self, n)` at its n-th read (the stored field stays as built; `drift`: a spare slot)."""
 
-    __slots__ = ("reads",)
-
-    @property  # type: ignore[misc]
-    def nbytes(self) -> int:  # type: ignore[override]
+    def read(self: Any) -> int:
         object.__setattr__(self, "reads", self.reads + 1)
-        return 16 if self.reads == 1 else 1 << 20
+        return answer(self, self.reads)
+
+    return type(f"Changing{base.__name__}", (base,), {"__slots__": ("reads", "drift"), field: property(read)})
 
 
-class ShiftyDeviceRange(DeviceRange):
-    """A DeviceRange subclass whose `offset` says 0 when first read and 1 MiB after (the stored
-    field says 0)."""
-
-    __slots__ = ("reads",)
-
-    @property  # type: ignore[misc]
-    def offset(self) -> int:  # type: ignore[override]
-        object.__setattr__(self, "reads", self.reads + 1)
-        return 0 if self.reads == 1 else 1 << 20
+#: `nbytes` says 16 when first read and 1 MiB after (the stored field says 16)
+ShiftyRange = changing(HostRange, "nbytes", lambda r, n: 16 if n == 1 else 1 << 20)
+#: `offset` says 0 when first read and 1 MiB after (the stored field says 0)
+ShiftyDeviceRange = changing(DeviceRange, "offset", lambda r, n: 0 if n == 1 else 1 << 20)
+#: `start` says the stored one when first read and `drift` after
+DriftingRange = changing(HostRange, "start", lambda r, n: vars(HostRange)["start"].__get__(r) if n == 1 else r.drift)
 
 
 def built_past_checks(cls: type, **fields: object) -> Any:
@@ -950,17 +945,6 @@ def test_a_range_whose_fields_change_between_reads_is_copied_as_checked_or_refus
     ):
         refused(w, lambda f=forged: w.bridge.host_to_device(f, target), RangeError, "RANGE-1")
         refused(w, lambda f=forged: w.bridge.device_to_host(target, f), RangeError, "RANGE-1")
-
-
-class DriftingRange(HostRange):
-    """A HostRange subclass whose `start` says the stored one when first read and `drift` after."""
-
-    __slots__ = ("drift", "reads")
-
-    @property  # type: ignore[misc]
-    def start(self) -> int:  # type: ignore[override]
-        object.__setattr__(self, "reads", self.reads + 1)
-        return vars(HostRange)["start"].__get__(self) if self.reads == 1 else self.drift
 
 
 @pytest.mark.rejects("RANGE-1")
