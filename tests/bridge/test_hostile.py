@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -1065,6 +1066,22 @@ def test_copy_flags_must_be_exactly_bool(flag: str, value: object) -> None:
 def test_wrap_for_tinygrad_refuses_a_non_view(view: object) -> None:
     w = make_world()
     refused(w, lambda: w.bridge.wrap_for_tinygrad(w.h1, view), InvalidViewError, "VIEW-2")  # type: ignore[arg-type]
+
+
+@pytest.mark.rejects("VIEW-2")
+def test_wrap_for_tinygrad_refuses_what_only_looks_like_a_view() -> None:
+    """An object with a view's three fields, all valid, is still no TensorViewSpec; one whose
+    field was deleted past its checks is no whole one. Both get VIEW-2, with no backend call."""
+    w = make_world()
+    lookalike = types.SimpleNamespace(shape=(16,), dtype="uint8", offset=0)
+    error = refused(w, lambda: w.bridge.wrap_for_tinygrad(w.h1, lookalike), InvalidViewError, "VIEW-2")  # type: ignore[arg-type]
+    assert "needs a TensorViewSpec" in str(error)
+    for field in ("shape", "dtype", "offset"):
+        torn = TensorViewSpec((16,), "uint8", 0)
+        object.__delattr__(torn, field)
+        error = refused(w, lambda v=torn: w.bridge.wrap_for_tinygrad(w.h1, v), InvalidViewError, "VIEW-2")
+        assert "is not a whole TensorViewSpec" in str(error)
+    assert w.bridge.wrap_for_tinygrad(w.h1, TensorViewSpec((16,), "uint8", 0)).shape == (16,)
 
 
 BAD_TIMEOUTS: list[object] = [True, False, "1", "", [], [1], -1, -0.5, -(2**70), float("nan"), float("-inf")]
