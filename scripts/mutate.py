@@ -631,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         mutants = [m for m in mutants if not reusable(m, before, args.resume)]
     if args.render:  # the report of what the log holds for today's code; nothing runs
+        # (judged by today's equivalent list: a logged survivor listed since is what a run would call it)
+        listed = load_equivalents(EQUIVALENT)
+        kept = [Result(r.mutant, *judge(listed.get(r.mutant.key), r.mutant, r.outcome, r.by)) for r in kept]
         args.report.write_text(render(kept, [], 0.0, of=len(kept) + len(mutants)))
         print(args.report.read_text())
         return 0
