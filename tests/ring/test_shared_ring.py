@@ -492,6 +492,15 @@ def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     consumer.close()
     assert edge.cursor == edge.head == 1
     edge.close()
+    # 1021 records: 10,242 words of tables, 16 B past 20 pages: the data starts at the 22nd page
+    past = shared(8, records=1021)
+    assert Path(SHM_DIR, past.name).stat().st_size == 21 * 4096 + 8
+    past.commit(fill(past, b"p" * 8))
+    consumer = HostRing.attach(past.name)  # type: ignore[attr-defined]
+    got = consumer.take(timeout=1)
+    assert (got.seq, bytes(consumer.view(got))) == (0, b"p" * 8)
+    consumer.close()
+    past.close()
     most = shared(8, records=1 << 20)  # the most records a ring may have (84 MB of tables, untouched)
     most.commit(fill(most, b"m"))
     consumer = HostRing.attach(most.name)  # type: ignore[attr-defined]
