@@ -39,6 +39,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -589,12 +590,22 @@ _GONE = ("ERROR: not found: ", "found no collectors for ")  # what pytest says o
 TIMED_OUT = "+ Timeout +"
 
 
+def timed_out_in(output: str) -> str:
+    """Which test the timeout's stack dump shows running (its first frame in a test file):
+    ": tests/...::test_name", or "" when the dump names none."""
+    for path, function in re.findall(r'File "([^"]+)", line \d+, in (\w+)', output.split(TIMED_OUT, 1)[1]):
+        if os.path.basename(path).startswith("test_"):
+            where = "tests/" + path.split("/tests/", 1)[1] if "/tests/" in path else os.path.basename(path)
+            return f": {where}::{function}"
+    return ""
+
+
 def verdict(run: subprocess.CompletedProcess[str]) -> tuple[str, str]:
     """A mutant's outcome from its pytest run, and by what."""
     if run.returncode == 0:
         return "survived", ""
     if TIMED_OUT in run.stdout + run.stderr:
-        return "timeout", "a test ran past its own timeout"
+        return "timeout", f"a test ran past its own timeout{timed_out_in(run.stdout + run.stderr)}"
     if run.returncode in (1, 2):  # a test failed, or collecting one did (the mutant broke an import)
         failed = [ln.split()[1] for ln in run.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
         return "killed", failed[0] if failed else "a failure"

@@ -182,6 +182,17 @@ def test_a_mutants_outcome_is_read_from_its_pytest_run(mutate: ModuleType) -> No
     outcome, why = run(4, err="ERROR: usage: pytest [options]\n")  # any other usage error is the tool's own
     assert outcome == "error" and why.startswith("pytest exit 4: ")
     assert run(3)[0] == "error"
+    dump = (
+        "+++++++ Timeout +++++++\n~~~ Stack of MainThread ~~~\n"
+        '  File "/v/lib/python3.11/site-packages/_pytest/python.py", line 159, in pytest_pyfunc_call\n'
+        '  File "/tmp/m/job1/tests/ring/test_kill.py", line 88, in test_consumers_killed\n'
+        '  File "/tmp/m/job1/tests/ring/support.py", line 9, in drain\n'
+    )
+    assert run(1, err=dump) == (
+        "timeout",
+        "a test ran past its own timeout: tests/ring/test_kill.py::test_consumers_killed",
+    )
+    assert run(1, err="+ Timeout +\n") == ("timeout", "a test ran past its own timeout")
 
 
 def test_a_mutant_that_makes_a_test_hang_is_killed_by_that_test_at_its_own_timeout(
@@ -217,7 +228,7 @@ def test_a_test_that_swallows_its_timeout_is_ended_at_its_own_timeout_not_the_sl
     start = time.monotonic()
     run = mutate.run_group(cmd, tmp_path, env, 50.0)
     assert time.monotonic() - start < 30
-    assert mutate.verdict(run) == ("timeout", "a test ran past its own timeout")
+    assert mutate.verdict(run) == ("timeout", "a test ran past its own timeout: test_loops.py::test_swallows")
 
 
 def test_the_readme_quotes_the_mutation_report_as_the_tool_wrote_it(mutate: ModuleType) -> None:
