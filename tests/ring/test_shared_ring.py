@@ -585,6 +585,71 @@ def test_a_counter_past_2_to_the_62_is_corruption_named_by_its_word() -> None:
         os.unlink(Path(SHM_DIR, name))
 
 
+BIG = 1 << 62
+#: A scribbled header or commit-table word just outside the range a call checks it against: (the
+#: records moved through the ring first, the word, its value, the call that reads it, the range
+#: its SHM-1 names). After `cycles` records, `_scribbled` leaves 3 more committed, one of them
+#: taken, and a reservation open: 14 reservations made (4 without cycles), the oldest live is 10
+#: (0), 13 records committed (3), 11 taken (1); the ring holds 8 records.
+_OUTSIDE: list[tuple[int, int, int, str, tuple[int, int]]] = [
+    (10, 5, -1, "head", (0, BIG)),  # reservations made
+    (10, 5, BIG + 1, "reserve", (0, BIG)),
+    (10, 6, 5, "head", (6, 14)),  # the oldest live reservation: at most 8 behind
+    (10, 6, 15, "reserve", (6, 14)),
+    (10, 6, -1, "cursor", (6, 14)),
+    (0, 6, -1, "head", (0, 4)),
+    (0, 6, 5, "released", (0, 4)),
+    (10, 7, -1, "take", (0, BIG)),  # the next sequence number
+    (10, 7, BIG + 1, "commit", (0, BIG)),
+    (10, 8, 4, "take", (5, 13)),  # the next record to take: at most 8 behind the next committed
+    (10, 8, 14, "take", (5, 13)),
+    (0, 8, -1, "take", (0, 3)),
+    (0, 8, 4, "consume", (0, 3)),
+    (10, 9, BIG, "consume", (0, BIG - 1)),  # the consumer generation
+    (10, 9, -1, "consume", (0, BIG - 1)),
+    (10, 12, 14, "take", (0, 13)),  # records delivered again up to
+    (0, 12, -1, "take", (0, 3)),
+    (10, 13, -1, "reclaim", (0, BIG)),  # reservations reclaimed
+    (10, 32 + 11 % 8, 14, "take", (0, 13)),  # the commit table: record 11's reservation
+    (0, 32 + 1, -1, "take", (0, 3)),
+]
+
+
+def _scribbled(name: str, cycles: int) -> tuple[HostRing, HostRing, HostRange, HostRange]:
+    ring = HostRing.create(name, 256, records=8)
+    consumer = HostRing.attach(name)
+    for i in range(cycles):
+        ring.commit(fill(ring, bytes([i]) * 16))
+        consumer.release(consumer.take(timeout=1))
+    for i in range(3):
+        ring.commit(fill(ring, bytes([i]) * 16))
+    return ring, consumer, consumer.take(timeout=1), fill(ring, b"open")
+
+
+@pytest.mark.rejects("SHM-1")
+@pytest.mark.parametrize(("cycles", "word", "value", "op", "bounds"), _OUTSIDE, ids=lambda v: str(v))
+def test_a_word_just_outside_its_range_is_refused_naming_the_word_and_the_range(
+    cycles: int, word: int, value: int, op: str, bounds: tuple[int, int]
+) -> None:
+    """Each checked word of the header and the commit table, one step outside the range the
+    ring's state allows, is refused as SHM-1 by the call that reads it, naming the word, its
+    value and the range, and changing no word."""
+    name = ring_name()
+    try:
+        ring, consumer, held, open_ = _scribbled(name, cycles)
+        words = _words_of(name)
+        assert list(words[5:9]) == [cycles + 4, cycles, cycles + 3, cycles + 1]  # (the state of the ranges)
+        words[word] = value
+        before = bytes(words)
+        match = rf"header word {word} holds {value}, outside \[{bounds[0]}, {bounds[1]}\]"
+        with refused("SHM-1", RingCorruptError, match=match):
+            _OPS[op](ring, consumer, held, open_)
+        assert bytes(words) == before
+        words.release()
+    finally:
+        os.unlink(Path(SHM_DIR, name))
+
+
 @pytest.mark.holds("SHM-1")
 @settings(max_examples=200, deadline=None)
 @given(
