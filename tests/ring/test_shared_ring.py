@@ -858,3 +858,59 @@ def test_a_reservation_whose_fixed_fields_were_rewritten_is_refused(
     assert bytes(words) == before
     words.release()
     consumer.close()
+
+
+def _rewrite_slot_0(ring: HostRing, start: int, nbytes: int) -> memoryview:
+    """Slot 0 of `ring` (64 records) holding `start` and `nbytes`, with the check word over them."""
+    from devbridge.ring.shared import _check_word
+
+    words = _words_of(ring.name)  # type: ignore[attr-defined]
+    slot = 32 + 4096  # the header, the commit table (4096 slots), then slot 0
+    pid, pstart = words[slot + 2], words[slot + 3]
+    words[slot], words[slot + 1], words[slot + 4] = start, nbytes, _check_word(start, nbytes, pid, pstart)
+    return words
+
+
+@pytest.mark.rejects("SHM-1")
+@pytest.mark.parametrize(
+    ("start", "nbytes"),
+    [
+        (-8, 8),  # before the stream
+        (BIG, 8),  # past any stream a ring comes to
+        (0, 0),  # no bytes
+        (0, 65),  # more than the ring
+        (60, 8),  # across the ring's end
+    ],
+)
+def test_a_slot_rewritten_with_its_check_word_is_still_checked_against_the_ring(
+    shared: Callable[..., HostRing], start: int, nbytes: int
+) -> None:
+    """A scribbler that writes a slot's check word over the fields it wrote (start and size) gets
+    them checked all the same: bytes outside the stream or the ring, or across its end, are no
+    reservation (SHM-1, nothing taken or changed)."""
+    ring = shared(64)
+    ring.commit(fill(ring, b"12345678"))
+    consumer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    words = _rewrite_slot_0(ring, start, nbytes)
+    before = bytes(words)
+    with refused("SHM-1", RingCorruptError, match=r"reservation 0's slot holds no reservation"):
+        consumer.take(timeout=0.01)
+    assert bytes(words) == before
+    words.release()
+    consumer.close()
+
+
+@pytest.mark.parametrize(("start", "nbytes"), [(56, 8), (64, 64)])  # up to the ring's end; all of it, a lap on
+def test_a_slot_rewritten_as_a_reservation_could_be_is_taken_as_it_says(
+    shared: Callable[..., HostRing], start: int, nbytes: int
+) -> None:
+    """Fields a reservation could have, with their check word, are taken as they say: a forgery
+    this consistent is indistinguishable from a producer's own record."""
+    ring = shared(64)
+    ring.commit(fill(ring, b"12345678"))
+    consumer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    words = _rewrite_slot_0(ring, start, nbytes)
+    got = consumer.take(timeout=0.01)
+    assert (got.seq, got.start, got.nbytes) == (0, start, nbytes)
+    words.release()
+    consumer.close()
