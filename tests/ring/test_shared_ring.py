@@ -650,6 +650,42 @@ def test_a_word_just_outside_its_range_is_refused_naming_the_word_and_the_range(
         os.unlink(Path(SHM_DIR, name))
 
 
+#: A scribbled word of the slot table (8 words from word 40 per reservation: start, size, owner's
+#: pid and start time, check word, sequence number, state, bytes freed), as `_scribbled(name, 0)`
+#: leaves the ring: (reservation, its word, the value, the call that reads it, its SHM-1 message).
+_SLOT_SCRIBBLES: list[tuple[int, int, int, str, str]] = [
+    (0, 6, 0, "cursor", r"reservation 0 is in no state \(0\)"),  # the oldest live one's state
+    (0, 6, 4, "reserve", r"reservation 0 is in no state \(4\)"),
+    (1, 6, -1, "take", r"reservation 1 is in no state \(-1\)"),  # the next record to take's
+    (0, 7, 16, "cursor", r"reservation 0 has 16 of 16 B freed"),  # bytes its producer released at its front
+    (0, 7, -1, "reserve", r"reservation 0 has -1 of 16 B freed"),
+    (1, 5, 2, "take", r"record 1's slot holds record 2"),  # a sequence number not its own
+    (1, 5, 0, "take", r"record 1's slot holds record 0"),
+]
+
+
+@pytest.mark.rejects("SHM-1")
+@pytest.mark.parametrize(("index", "word", "value", "op", "message"), _SLOT_SCRIBBLES, ids=lambda v: str(v))
+def test_a_slot_word_in_no_state_of_a_reservation_is_refused_naming_the_reservation(
+    index: int, word: int, value: int, op: str, message: str
+) -> None:
+    """A slot's state outside reserved, released and reclaimed, more of its bytes freed than it
+    has, or a sequence number that is another record's: SHM-1 naming the reservation or the
+    record, by the call that reads the word, changing no word."""
+    name = ring_name()
+    try:
+        ring, consumer, held, open_ = _scribbled(name, 0)
+        words = _words_of(name)
+        words[40 + 8 * index + word] = value
+        before = bytes(words)
+        with refused("SHM-1", RingCorruptError, match=message):
+            _OPS[op](ring, consumer, held, open_)
+        assert bytes(words) == before
+        words.release()
+    finally:
+        os.unlink(Path(SHM_DIR, name))
+
+
 @pytest.mark.holds("SHM-1")
 @settings(max_examples=200, deadline=None)
 @given(
