@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ring_procs
 import test_ring
@@ -773,6 +774,32 @@ def test_a_closed_attachment_refuses_every_call_and_others_go_on(shared: Callabl
             call()
     got = ring.take(timeout=1)
     assert bytes(ring.view(got)) == b"abcd"
+
+
+def test_closing_with_views_still_held_detaches_and_leaves_the_views_their_bytes(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A process may close its attachment while a view or an array of a record is still held
+    somewhere: the close works, the views keep reading their bytes (the mapping goes with the
+    last of them), the attachment holds nothing any more and refuses every call, and what it
+    took comes to the next consumer again."""
+    ring = shared(64)
+    ring.commit(fill(ring, b"abcdefgh"))
+    consumer = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    got = consumer.take(timeout=1)
+    view, array = consumer.view(got), consumer.array(got, np.uint8)
+    consumer.reserve(4)
+    assert [(r.start, r.nbytes) for r in consumer.unreleased()] == [(0, 8), (8, 4)]
+    consumer.close()
+    assert consumer.unreleased() == []
+    assert bytes(view) == b"abcdefgh" and array.tolist() == list(b"abcdefgh")
+    with pytest.raises(InvalidArgumentError, match="is closed in this process"):
+        consumer.released(got)
+    again = HostRing.attach(ring.name)  # type: ignore[attr-defined]
+    again.consume()
+    taken = again.take(timeout=1)
+    assert (taken.seq, taken.redelivered, bytes(again.view(taken))) == (0, True, b"abcdefgh")
+    again.close()
 
 
 def test_an_in_process_ring_has_no_name_to_unlink() -> None:
