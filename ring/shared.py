@@ -389,8 +389,7 @@ class SharedRing(HostRing):
                     if made is None:
                         left = None if deadline is None else deadline - time.monotonic()
                         if left is not None and left <= 0:
-                            largest = self._largest_shared()
-                            raise RingFullError("RING-2", f"reserving {n} B: the largest free stretch is {largest} B")
+                            raise RingFullError("RING-2", f"reserving {n} B: {self._why_full()}")
                         self._words[_H_RESERVE_SLEEPERS] = 1  # (before the lock goes: no wake is missed)
                 if made is not None:
                     start, index = made
@@ -434,12 +433,16 @@ class SharedRing(HostRing):
         self._fixed[count] = (start, n, pid, pstart)
         return start, count
 
-    def _largest_shared(self) -> int:  # the segment locked
+    def _why_full(self) -> str:  # the segment locked
+        """Why a reservation does not fit now: no record left, or no stretch of bytes as long."""
         tail, count = self._live_window()
         if count - tail == self._slots:
-            return 0
-        if tail == count:
-            return self.capacity
+            return f"each of the ring's {self._slots} records holds a live reservation"
+        return f"the largest free stretch is {self._largest_shared(tail, count)} B"
+
+    def _largest_shared(self, tail: int, count: int) -> int:  # the segment locked
+        """The longest reservation that would fit now, where some reservation is live (where none
+        is, any reservation up to the capacity fits: a reserve never fails there)."""
         head, oldest = self._shared_head(count), self._oldest(tail, count)
         pos = head % self.capacity
         tail_room = min(self.capacity - pos, self.capacity - (head - oldest))

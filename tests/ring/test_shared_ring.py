@@ -977,3 +977,19 @@ def test_a_slot_rewritten_as_a_reservation_could_be_is_taken_as_it_says(
     assert (got.seq, got.start, got.nbytes) == (0, start, nbytes)
     words.release()
     consumer.close()
+
+
+@pytest.mark.rejects("RING-2")
+def test_a_ring_whose_every_record_is_live_says_so_when_a_reservation_does_not_fit(
+    shared: Callable[..., HostRing],
+) -> None:
+    """With each of its records holding a live reservation, a ring refuses the next however
+    many bytes are free, and says why; the first release makes room for one more."""
+    ring = shared(64, records=2)
+    first, _ = ring.reserve(4), ring.reserve(4)
+    with refused("RING-2", match=r"reserving 1 B: each of the ring's 2 records holds a live reservation"):
+        ring.reserve(1)
+    with refused("RING-2", match=r"each of the ring's 2 records holds a live reservation"):
+        ring.reserve(1, timeout=0.01)
+    ring.release(first)
+    assert (ring.reserve(56).start, ring.unreleased()[0].start) == (8, 4)
