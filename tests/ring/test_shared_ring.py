@@ -993,3 +993,64 @@ def test_a_ring_whose_every_record_is_live_says_so_when_a_reservation_does_not_f
         ring.reserve(1, timeout=0.01)
     ring.release(first)
     assert (ring.reserve(56).start, ring.unreleased()[0].start) == (8, 4)
+
+
+def test_a_waiter_is_woken_by_the_call_that_makes_what_it_waits_for(
+    shared: Callable[..., HostRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `take` waiting on an empty ring says it sleeps (header word 17) and is woken by the
+    commit, which clears the word; a `reserve` waiting for room (word 18) by the release. The
+    periodic looks are put off for a minute: only the wake can end either wait in time."""
+    from devbridge.ring import shared as shared_ring
+
+    monkeypatch.setattr(shared_ring, "FENCE_EVERY_S", 60.0)
+    monkeypatch.setattr(shared_ring, "RECLAIM_EVERY_S", 60.0)
+    producer = shared(16, records=4)
+    consumer = HostRing.attach(producer.name)  # type: ignore[attr-defined]
+    words = _words_of(producer.name)  # type: ignore[attr-defined]
+
+    def asleep(word: int) -> None:
+        deadline = time.monotonic() + 10
+        while words[word] != 1:
+            assert time.monotonic() < deadline, f"no waiter said it sleeps on word {word}"
+            time.sleep(0.005)
+        time.sleep(0.05)  # (past the flag, into the futex wait)
+
+    got: list[HostRange] = []
+    taker = threading.Thread(target=lambda: got.append(consumer.take(timeout=30)))
+    taker.start()
+    asleep(17)
+    t0 = time.monotonic()
+    producer.commit(fill(producer, b"wake" * 4))
+    taker.join(10)
+    assert not taker.is_alive() and time.monotonic() - t0 < 10 and words[17] == 0
+    assert (got[0].seq, bytes(consumer.view(got[0]))) == (0, b"wake" * 4)
+    made: list[HostRange] = []
+    reserver = threading.Thread(target=lambda: made.append(producer.reserve(8, timeout=30)))
+    reserver.start()
+    asleep(18)
+    t0 = time.monotonic()
+    consumer.release(got[0])
+    reserver.join(10)
+    assert not reserver.is_alive() and time.monotonic() - t0 < 10 and words[18] == 0
+    assert (made[0].start, made[0].nbytes) == (16, 8)
+    words.release()
+    consumer.close()
+
+
+def test_the_wake_counters_are_32_bit_words_that_wrap(shared: Callable[..., HostRing]) -> None:
+    """The words a waiter sleeps on (header words 14, commits, and 15, releases) count in their
+    low 32 bits, the futex's: each call that may end a wait adds one, and 2**32 - 1 wraps to 0."""
+    ring = shared(64)
+    words = _words_of(ring.name)  # type: ignore[attr-defined]
+    ring.consume()  # (a new consumer wakes a fenced one waiting in take)
+    ring.commit(fill(ring, b"1234"))
+    assert (words[14], words[15]) == (2, 0)
+    words[14], words[15] = 0xFFFFFFFF, 0xFFFFFFFE
+    ring.commit(fill(ring, b"5678"))
+    assert words[14] == 0
+    ring.release(ring.take(timeout=1))
+    assert words[15] == 0xFFFFFFFF
+    ring.release(ring.take(timeout=1))
+    assert (words[14], words[15]) == (0, 0)
+    words.release()
