@@ -767,11 +767,32 @@ def test_a_closed_attachment_refuses_every_call_and_others_go_on(shared: Callabl
     other = HostRing.attach(ring.name)  # type: ignore[attr-defined]
     r = fill(other, b"abcd")
     other.commit(r)
+    mine = other.reserve(4)
     other.close()
     other.close()  # twice: nothing more to do
-    for call in (lambda: other.reserve(4), other.take, other.consume, lambda: other.commit(r)):
-        with pytest.raises(InvalidArgumentError):
+    calls: list[Callable[[], object]] = [
+        lambda: other.reserve(4),
+        lambda: other.reserve(4, timeout=1),
+        other.take,
+        other.consume,
+        lambda: other.commit(r),
+        lambda: other.generation,
+        lambda: other.head,
+        lambda: other.cursor,
+        other.stats,  # type: ignore[attr-defined]
+        other.snapshot,
+        lambda: other.released(mine),
+        other.reclaim,  # type: ignore[attr-defined]
+        other.lock_held,
+        lambda: other.view(mine),
+        lambda: other.array(mine, np.uint8),
+        lambda: other.write(mine, b"wxyz"),
+        lambda: other.release(mine),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError, match="is closed in this process"):
             call()
+    assert other.unreleased() == []
     got = ring.take(timeout=1)
     assert bytes(ring.view(got)) == b"abcd"
 
