@@ -1075,3 +1075,48 @@ def test_the_wake_counters_are_32_bit_words_that_wrap(shared: Callable[..., Host
     ring.release(ring.take(timeout=1))
     assert (words[14], words[15]) == (0, 0)
     words.release()
+
+
+@pytest.mark.holds("RING-6")
+def test_only_a_waiting_reservation_or_reclaim_takes_back_a_dead_producers_bytes(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A reservation that may not wait (timeout 0) does not look for dead producers (that reads
+    /proc for each live reservation): it is refused while a dead one's bytes are in the way;
+    `reclaim()` takes them back, and the same reservation then fits."""
+    ring = shared(64)
+    assert isinstance(ring, SharedRing)
+    dead = HostRing.attach(ring.name)
+    assert isinstance(dead, SharedRing)
+    dead.process = (1 << 30, 7)  # an identity no process has
+    dead.reserve(40)
+    ring.alive = lambda pid, started: (pid, started) != (1 << 30, 7)
+    with refused("RING-2", match=r"reserving 30 B: the largest free stretch is 24 B"):
+        ring.reserve(30)
+    assert ring.stats()["reclaimed"] == 0
+    assert ring.reclaim() == 1 and ring.stats()["reclaimed"] == 1
+    assert (ring.reserve(30).start, ring.cursor) == (64, 64)
+    dead.close()
+
+
+@pytest.mark.holds("WAIT-1")
+def test_a_wait_ends_at_its_timeout_however_far_off_the_next_periodic_look_is(
+    shared: Callable[..., HostRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`reserve` and `take` sleep until their timeout at the most, not until the next look for
+    dead producers or a replacement consumer (put off for a minute here)."""
+    from devbridge.ring import shared as shared_ring
+
+    monkeypatch.setattr(shared_ring, "FENCE_EVERY_S", 60.0)
+    monkeypatch.setattr(shared_ring, "RECLAIM_EVERY_S", 60.0)
+    ring = shared(16)
+    ring.commit(fill(ring, b"f" * 16))
+    t0 = time.monotonic()
+    with refused("RING-2", match=r"reserving 8 B: the largest free stretch is 0 B"):
+        ring.reserve(8, timeout=0.05)
+    assert 0.05 <= time.monotonic() - t0 < 10
+    ring.release(ring.take(timeout=1))
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeoutError) as info:
+        ring.take(timeout=0.05)
+    assert info.value.rule == "WAIT-1" and 0.05 <= time.monotonic() - t0 < 10
