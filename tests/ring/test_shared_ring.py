@@ -1120,3 +1120,60 @@ def test_a_wait_ends_at_its_timeout_however_far_off_the_next_periodic_look_is(
     with pytest.raises(WaitTimeoutError) as info:
         ring.take(timeout=0.05)
     assert info.value.rule == "WAIT-1" and 0.05 <= time.monotonic() - t0 < 10
+
+
+@pytest.mark.holds("RING-2")
+def test_with_nothing_live_the_whole_ring_fits_wherever_the_head_is(shared: Callable[..., HostRing]) -> None:
+    """Once every reservation is released, the bytes skipped at the lap's end are free too: a
+    reservation of the whole capacity fits, at the next lap's start."""
+    ring = shared(64)
+    ring.release(ring.reserve(40))
+    whole = ring.reserve(64)
+    assert (whole.start, whole.nbytes, ring.cursor, ring.head) == (64, 64, 64, 128)
+
+
+def test_a_reservation_moves_a_lagging_tail_word_to_the_oldest_live_reservation(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A process killed between a release's two writes leaves the tail word (header word 6)
+    behind a released reservation: the next reservation writes it where the oldest live one is."""
+    ring = shared(64, records=8)
+    first, _ = ring.reserve(8), ring.reserve(8)
+    ring.release(first)
+    words = _words_of(ring.name)  # type: ignore[attr-defined]
+    assert list(words[5:7]) == [2, 1]
+    words[6] = 0  # (as the killed process left it)
+    ring.reserve(8)
+    assert list(words[5:7]) == [3, 1]
+    words.release()
+
+
+@pytest.mark.rejects("SHM-1")
+@pytest.mark.parametrize(
+    ("index", "start", "message"),
+    [
+        (1, 1000, r"head 1008 and oldest byte 0 are no ring"),  # the newest a lap and more ahead
+        (0, 200, r"head 16 and oldest byte 200 are no ring"),  # the oldest ahead of the newest
+    ],
+)
+def test_reservations_farther_apart_than_the_ring_are_refused(
+    shared: Callable[..., HostRing], index: int, start: int, message: str
+) -> None:
+    """Slots rewritten with check words over their new fields, each a reservation on its own,
+    but the oldest and the newest farther apart than the ring holds: SHM-1 for the next
+    reservation, which changes nothing."""
+    from devbridge.ring.shared import _check_word
+
+    ring = shared(64)
+    for _ in range(2):
+        ring.reserve(8)
+    words = _words_of(ring.name)  # type: ignore[attr-defined]
+    slot = 32 + 4096 + 8 * index
+    words[slot], words[slot + 4] = start, _check_word(start, 8, words[slot + 2], words[slot + 3])
+    before = bytes(words)
+    other = HostRing.attach(ring.name)  # (no fields of its own cached)
+    with refused("SHM-1", RingCorruptError, match=message):
+        other.reserve(8)
+    assert bytes(words) == before
+    words.release()
+    other.close()
