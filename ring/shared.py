@@ -232,9 +232,15 @@ class SharedRing(HostRing):
             or start % self.capacity + nbytes > self.capacity
         ):
             raise RingCorruptError("SHM-1", f"ring {self.name!r}: reservation {index}'s slot holds no reservation")
+        return self._remember(index, (start, nbytes, pid, pstart))
+
+    def _remember(self, index: int, fixed: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        """Keep reservation `index`'s fixed fields, checked. At most twice as many as the ring's
+        records are kept (the live ones are fewer): a process that makes or reads a record after
+        another for hours keeps no more of them."""
         if len(self._fixed) >= 2 * self._slots:
             self._fixed.clear()
-        fixed = self._fixed[index] = (start, nbytes, pid, pstart)
+        self._fixed[index] = fixed
         return fixed
 
     def _state(self, index: int) -> int:
@@ -430,7 +436,7 @@ class SharedRing(HostRing):
         )  # fmt: skip
         self._words[_H_TAIL] = tail
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
-        self._fixed[count] = (start, n, pid, pstart)
+        self._remember(count, (start, n, pid, pstart))
         return start, count
 
     def _why_full(self) -> str:  # the segment locked
