@@ -1208,3 +1208,20 @@ def test_a_producer_and_a_consumer_keep_bounded_memory_however_many_records_they
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert grown < 16 << 10, [str(stat) for stat in after.compare_to(before, "lineno")[:5]]
     consumer.close()
+
+
+@pytest.mark.rejects("RING-4")
+def test_what_is_left_of_a_reservation_released_in_part_is_not_committed(shared: Callable[..., HostRing]) -> None:
+    """A shared ring's records are its reservations as they were made (their fields never
+    change): with part of one released, neither what is left nor the whole is committed. Its
+    producer releases the rest, and the bytes go back."""
+    ring = shared(64)
+    r = ring.reserve(16)
+    ring.release(r.sub(8, 8))
+    with refused("RING-4", match=r"host bytes \[0, 8\) are not a whole reservation of this process"):
+        ring.commit(r.sub(0, 8))
+    with refused("RING-4", match=r"host bytes \[0, 16\) are not reserved and unreleased in one reservation"):
+        ring.commit(r)
+    assert ring.stats()["committed"] == 0  # type: ignore[attr-defined]
+    ring.release(r.sub(0, 8))
+    assert ring.cursor == ring.head == 16 and ring.unreleased() == []
