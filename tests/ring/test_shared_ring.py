@@ -1225,3 +1225,33 @@ def test_what_is_left_of_a_reservation_released_in_part_is_not_committed(shared:
     assert ring.stats()["committed"] == 0  # type: ignore[attr-defined]
     ring.release(r.sub(0, 8))
     assert ring.cursor == ring.head == 16 and ring.unreleased() == []
+
+
+@pytest.mark.holds("RING-1")
+def test_released_answers_from_the_segment_and_the_processs_own_releases(shared: Callable[..., HostRing]) -> None:
+    """`released(r)` on a shared ring: bytes of a live reservation or record are not released
+    (another process's, committed, taken, or this process's own not yet released); bytes whose
+    reservation went back, or this process's own released part of a live one, are; past the
+    head is RING-1."""
+    a = shared(64)
+    b = HostRing.attach(a.name)  # type: ignore[attr-defined]
+    consumer = HostRing.attach(a.name)  # type: ignore[attr-defined]
+    a.commit(fill(a, b"r" * 8))  # [0, 8): a record, taken below
+    b.reserve(8)  # [8, 16): b's, open
+    a.release(a.reserve(8))  # [16, 24): gone back
+    part = a.reserve(8)  # [24, 32): a's, open, its first half released
+    a.release(part.sub(0, 4))
+    taken = consumer.take(timeout=1)
+
+    def answers(ring: HostRing) -> list[bool]:
+        spans = [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (16, 12), (0, 32), (31, 1)]  # (start, bytes)
+        return [ring.released(made_range(ring, start, nbytes)) for start, nbytes in spans]
+
+    assert answers(a) == [False, False, True, True, False, True, False, False]
+    assert answers(b) == [False, False, True, False, False, False, False, False]
+    with refused("RING-1", match=r"host bytes \[32, 33\) were never reserved \(head is 32\)"):
+        a.released(made_range(a, 32, 1))
+    consumer.release(taken)
+    assert a.released(made_range(a, 0, 8)) and b.released(made_range(b, 0, 8))
+    for ring in (b, consumer):
+        ring.close()
