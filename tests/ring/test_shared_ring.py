@@ -1255,3 +1255,30 @@ def test_released_answers_from_the_segment_and_the_processs_own_releases(shared:
     assert a.released(made_range(a, 0, 8)) and b.released(made_range(b, 0, 8))
     for ring in (b, consumer):
         ring.close()
+
+
+@pytest.mark.holds("RING-5")
+@pytest.mark.parametrize(("part", "spans"), [(0, [(0, 8), (12, 12)]), (4, [(0, 8), (8, 4), (16, 8)])])
+def test_consuming_again_gives_back_what_this_object_took_and_keeps_its_reservations(
+    shared: Callable[..., HostRing], part: int, spans: list[tuple[int, int]]
+) -> None:
+    """An attachment that produces and consumes calls `consume()` again: the records it took (one
+    released in part: at its front, or inside) are no longer its and come again, first; its own open reservations on
+    either side of them stay its own, whole."""
+    ring = shared(64)
+    before = ring.reserve(8)  # [0, 8): open, just before the records
+    ring.commit(fill(ring, b"a" * 16))  # [8, 24)
+    ring.commit(fill(ring, b"b" * 8))  # [24, 32)
+    first = ring.take(timeout=1)
+    ring.take(timeout=1)
+    ring.release(first.sub(part, 4))  # 4 B of the first released already
+    after = ring.reserve(8)  # [32, 40): open, just after them
+    assert [(r.start, r.nbytes) for r in ring.unreleased()] == [*spans, (24, 8), (32, 8)]
+    assert ring.consume() == 2
+    assert [(r.start, r.nbytes) for r in ring.unreleased()] == [(0, 8), (32, 8)]
+    again = [ring.take(timeout=1) for _ in range(2)]
+    assert [(r.seq, r.start, r.redelivered) for r in again] == [(0, 8, True), (1, 24, True)]
+    assert bytes(ring.view(again[0])) == b"a" * 16 and bytes(ring.view(again[1])) == b"b" * 8
+    for r in (*again, before, after):
+        ring.release(r)
+    assert ring.cursor == ring.head == 40
