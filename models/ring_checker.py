@@ -539,11 +539,12 @@ class _World:
         if cursor < self.cursor:
             raise _Broken("RING-1", f"the cursor went back from {self.cursor} to {cursor}")
         self.cursor = cursor
+        untaken = ring._untaken()
         for index in range(tail, count):
             start, _, _, _, seq, state = ring._slot(index)
             if state == shared_ring._RESERVED and start < cursor:
                 raise _Broken("RING-1", f"the cursor {cursor} passed the live reservation at {start}")
-            if state == shared_ring._RECLAIMED and ring._committed_seq(index, seq):
+            if state == shared_ring._RECLAIMED and ring._is_record(index, seq, untaken):
                 raise _Broken("RING-6", f"committed record {seq} was reclaimed")
 
     def drain(self) -> None:

@@ -2,11 +2,13 @@
 
 The segment: a header of 64-bit words, the commit table (the slot of each sequence number, at
 seq % slots), the slot table (one reservation each, in stream order, reused round the table)
-and the data. Writers hold the segment's lock (`flock`: a dead holder's comes back); each call
-changes one word last (`count`, `next_seq`, `take_seq`, a slot's state, `generation`), so a
-process killed at any instruction leaves either the old state or the new one. Every word read
-is checked before use (SHM-1): a slot's fixed fields carry a check word, counters must be in
-range, sequence numbers must name their own slot.
+and the data. Writers hold the segment's lock (`flock`: a dead holder's comes back); one word of
+each call makes its change (`count`, `next_seq`, `take_seq`, a slot's state, `generation`), so a
+process killed at any instruction leaves either the old state or the new one. A commit writes
+the record's number into its slot after its commit point (`next_seq`): a number there means a
+record, and the records a consumer took are found by it (their commit-table entries may hold
+newer records since). Every word read is checked before use (SHM-1): a slot's fixed fields
+carry a check word, counters must be in range, sequence numbers must name their own slot.
 
 Each process tracks the bytes of its own reservations and taken records as an in-process ring
 does (HostRing's bookkeeping: views, pending copies, partial releases); the segment says which
@@ -259,10 +261,20 @@ class SharedRing(HostRing):
         fixed = self._fixed.get(index) or self._fixed_fields(index)
         return (*fixed, self._words[base + _S_SEQ], state)
 
-    def _committed_seq(self, index: int, seq: int) -> bool:
-        """Whether reservation `index` holds sequence number `seq` (< next_seq): its commit is done."""
-        next_seq = self._words[_H_NEXT_SEQ]
-        return 0 <= seq < next_seq and self._words[self._commits_at + seq % self._slots] == index
+    def _untaken(self) -> set[int]:  # the segment locked
+        """The reservations the commit table names for the records committed and not taken yet
+        (their entries are never written over: each is a live reservation, and a ring has no
+        more of those than entries)."""
+        words, slots = self._words, self._slots
+        next_seq, take_seq = self._word(_H_NEXT_SEQ), self._word(_H_TAKE_SEQ)
+        return {words[self._commits_at + s % slots] for s in range(max(take_seq, next_seq - slots), next_seq)}
+
+    def _is_record(self, index: int, seq: int, untaken: set[int]) -> bool:  # the segment locked
+        """Whether reservation `index`, whose sequence number word holds `seq`, is a record: the
+        word is written after the commit point, so any number below `next_seq` says so; a commit
+        that died between the two is one the table names among the records not taken
+        (`untaken`, from `_untaken`)."""
+        return 0 <= seq < self._words[_H_NEXT_SEQ] or (seq == -1 and index in untaken)
 
     def _shared_head(self, count: int) -> int:
         if count == 0:
@@ -491,10 +503,12 @@ class SharedRing(HostRing):
         seq = words[_H_NEXT_SEQ]
         if not 0 <= seq <= _BIG:
             self._word(_H_NEXT_SEQ)  # (SHM-1)
-        words[self._table_at + (record.slot % slots) * _SLOT_WORDS + _S_SEQ] = seq
         words[self._commits_at + seq % slots] = record.slot
         words[self._sources_at + seq % slots] = source
         words[_H_NEXT_SEQ] = seq + 1  # committed from here on
+        # last, the reservation's own word: a number in it means committed (a commit that dies
+        # before it leaves -1, and the table entry says; `take` writes it then)
+        words[self._table_at + (record.slot % slots) * _SLOT_WORDS + _S_SEQ] = seq
         return seq
 
     def _forget(self, record: _Record) -> None:  # the lock held
@@ -624,17 +638,30 @@ class SharedRing(HostRing):
             self._consumer = self._generation = generation
             return generation
 
+    def _take_words(self) -> tuple[int, int, int]:  # the segment locked
+        """`next_seq`, `take_seq` and `redeliver_until`, checked. Records from `take_seq` up to
+        `redeliver_until` are delivered again, found by their slots' own numbers; from there on,
+        the commit table names each (no more records are committed and not taken than it has
+        entries, so `take_seq` is then at most `slots` behind)."""
+        words = self._words
+        next_seq, seq, until = words[_H_NEXT_SEQ], words[_H_TAKE_SEQ], words[_H_REDELIVER_UNTIL]
+        fine = 0 <= next_seq <= _BIG and 0 <= seq <= next_seq and 0 <= until <= next_seq
+        if fine and next_seq - self._slots <= max(seq, until):
+            return next_seq, seq, until
+        next_seq = self._word(_H_NEXT_SEQ)  # (SHM-1, naming the word)
+        until = self._word(_H_REDELIVER_UNTIL, 0, next_seq)
+        least = max(next_seq - self._slots, 0)
+        return next_seq, self._word(_H_TAKE_SEQ, 0 if until >= least else least, next_seq), until
+
     def _rewind(self) -> tuple[int, int]:  # the segment locked
         """`take_seq` and `redeliver_until` for a new consumer: back to the oldest record taken
         and not released, so that every such record is delivered again (reads only)."""
-        next_seq = self._word(_H_NEXT_SEQ)
-        take_seq = self._word(_H_TAKE_SEQ, max(next_seq - self._slots, 0), next_seq)
-        until = self._word(_H_REDELIVER_UNTIL, 0, next_seq)
+        _, take_seq, until = self._take_words()
         lowest = take_seq
         tail, count = self._window()
-        for index in range(tail, count):
+        for index in range(tail, count):  # the records taken and not released: a number below take_seq
             _, _, _, _, seq, state = self._slot(index)
-            if state == _RESERVED and self._committed_seq(index, seq) and seq < lowest:
+            if state == _RESERVED and 0 <= seq < lowest:
                 lowest = seq
         return lowest, max(until, take_seq) if lowest < take_seq else until
 
@@ -674,37 +701,49 @@ class SharedRing(HostRing):
     def _take_now(self) -> _Record | None:  # both locks held
         """The next record to take, taken in the segment, or None when there is none."""
         words, slots = self._words, self._slots
-        next_seq, seq = words[_H_NEXT_SEQ], words[_H_TAKE_SEQ]
-        if not (0 <= next_seq <= _BIG and 0 <= seq <= next_seq and next_seq - slots <= seq):
-            next_seq = self._word(_H_NEXT_SEQ)  # (SHM-1, naming the word)
-            seq = self._word(_H_TAKE_SEQ, max(next_seq - slots, 0), next_seq)
-        taken = seq
+        next_seq, seq, until = self._take_words()
+        if seq < until:  # what an older consumer took and did not release, first
+            record = self._take_again(seq, until)
+            if record is not None:
+                return record
+            seq = words[_H_TAKE_SEQ] = until  # (none left to deliver again)
         if seq == next_seq:
             return None  # nothing committed that was not taken
         tail, count = self._window()
-        while seq < next_seq:
-            index = words[self._commits_at + seq % slots]
-            if not 0 <= index < count:
-                self._word(self._commits_at + seq % slots, 0, count - 1)  # (SHM-1)
-            seq += 1
-            if index < tail:
-                continue  # released, and the ring's tail passed it (after a rewind)
-            start, nbytes, _, _, slot_seq, state = self._slot(index)
-            if slot_seq != seq - 1:
-                raise RingCorruptError("SHM-1", f"ring {self.name!r}: record {seq - 1}'s slot holds record {slot_seq}")
-            if state != _RESERVED:
-                continue  # released by a consumer before the one it was delivered again to
-            redelivered = seq <= self._word(_H_REDELIVER_UNTIL, 0, next_seq)
-            counted = self._word(_H_REDELIVERED) + 1 if redelivered else 0
-            self._words[_H_TAKE_SEQ] = seq  # taken from here on
-            if redelivered:
-                self._words[_H_REDELIVERED] = counted
-            record = _Record(start, start + nbytes, seq - 1, index)
-            record.redelivered = redelivered
-            return record
-        if seq != taken:
-            self._words[_H_TAKE_SEQ] = seq  # past records released before (none to take)
-        return None
+        index = words[self._commits_at + seq % slots]
+        if not tail <= index < count:
+            self._word(self._commits_at + seq % slots, tail, count - 1)  # (SHM-1)
+        start, nbytes, _, _, slot_seq, state = self._slot(index)
+        if slot_seq == -1 and state == _RESERVED:  # its commit died before its last word: written now
+            words[self._table_at + (index % slots) * _SLOT_WORDS + _S_SEQ] = slot_seq = seq
+        if slot_seq != seq or state != _RESERVED:
+            raise RingCorruptError(
+                "SHM-1", f"ring {self.name!r}: record {seq}'s slot holds record {slot_seq} in state {state}"
+            )
+        words[_H_TAKE_SEQ] = seq + 1  # taken from here on
+        return _Record(start, start + nbytes, seq, index)
+
+    def _take_again(self, seq: int, until: int) -> _Record | None:  # both locks held
+        """The record numbered from `seq` up to `until` that an older consumer took and did not
+        release, lowest first, taken again; None when none is left. Found by the numbers the
+        slots of live reservations hold: the commit table's entries of records taken may have
+        been written over by newer records since."""
+        tail, count = self._window()
+        found: tuple[int, int] | None = None
+        for index in range(tail, count):
+            _, _, _, _, number, state = self._slot(index)
+            if state == _RESERVED and seq <= number < until and (found is None or number < found[0]):
+                found = (number, index)
+        if found is None:
+            return None
+        number, index = found
+        start, nbytes, _, _ = self._fixed_fields(index)
+        counted = self._word(_H_REDELIVERED) + 1
+        self._words[_H_TAKE_SEQ] = number + 1  # taken from here on
+        self._words[_H_REDELIVERED] = counted
+        record = _Record(start, start + nbytes, number, index)
+        record.redelivered = True
+        return record
 
     # ------------------------------------------------------------ releases
 
@@ -778,9 +817,9 @@ class SharedRing(HostRing):
                 if state == _RESERVED and start <= r.start < start + nbytes:
                     if start in self._records:
                         return None  # this process's: the local check said what is wrong
-                    if not self._committed_seq(index, seq):
+                    if not self._is_record(index, seq, self._untaken()):
                         return "another process's reservation"
-                    taken = seq < self._words[_H_TAKE_SEQ]
+                    taken = 0 <= seq < self._words[_H_TAKE_SEQ]
                     return "a record the consumer took" if taken else "a committed record, not taken yet"
         return None
 
@@ -818,10 +857,10 @@ class SharedRing(HostRing):
 
     def _reclaim_dead(self) -> int:  # the segment locked
         tail, count = self._window()
-        dead = []
+        dead, untaken = [], self._untaken()
         for index in range(tail, count):
             _, _, pid, pstart, seq, state = self._slot(index)
-            if state == _RESERVED and not self._committed_seq(index, seq) and not self.alive(pid, pstart):
+            if state == _RESERVED and not self._is_record(index, seq, untaken) and not self.alive(pid, pstart):
                 dead.append(index)
         reclaimed, moved = self._word(_H_RECLAIMED) + len(dead), self._live_window(*dead)[0]
         for index in dead:

@@ -611,7 +611,8 @@ _OUTSIDE: list[tuple[int, int, int, str, tuple[int, int]]] = [
     (10, 12, 14, "take", (0, 13)),  # records delivered again up to
     (0, 12, -1, "take", (0, 3)),
     (10, 13, -1, "reclaim", (0, BIG)),  # reservations reclaimed
-    (10, 32 + 11 % 8, 14, "take", (0, 13)),  # the commit table: record 11's reservation
+    (10, 32 + 11 % 8, 14, "take", (10, 13)),  # the commit table: record 11's reservation, a live one
+    (10, 32 + 11 % 8, 9, "take", (10, 13)),
     (0, 32 + 1, -1, "take", (0, 3)),
 ]
 
@@ -1282,3 +1283,59 @@ def test_consuming_again_gives_back_what_this_object_took_and_keeps_its_reservat
     for r in (*again, before, after):
         ring.release(r)
     assert ring.cursor == ring.head == 40
+
+
+@pytest.mark.holds("RING-5")
+def test_a_new_consumer_skips_records_released_before_it_even_in_a_slot_reused_since(
+    shared: Callable[..., HostRing],
+) -> None:
+    """Records committed out of their reservations' order (two slots): the old consumer takes
+    both and releases the second, whose slot a new reservation reuses. The new consumer gets the
+    first again, skips the released one (its slot holds another record now: not corruption),
+    and takes the new one as new."""
+    producer = shared(64, records=2)
+    first, second = fill(producer, b"1" * 8), fill(producer, b"2" * 8)
+    producer.commit(second)  # record 0: the second reservation
+    producer.commit(first)  # record 1: the first
+    old = HostRing.attach(producer.name)  # type: ignore[attr-defined]
+    got = [old.take(timeout=1), old.take(timeout=1)]
+    assert [(r.seq, r.start) for r in got] == [(0, 8), (1, 0)]
+    old.release(got[1])  # the first reservation goes back: its slot is free
+    producer.commit(fill(producer, b"3" * 8))  # record 2, in the first's slot
+    new = HostRing.attach(producer.name)  # type: ignore[attr-defined]
+    new.consume()
+    again = [new.take(timeout=1), new.take(timeout=1)]
+    assert [(r.seq, r.start, r.redelivered) for r in again] == [(0, 8, True), (2, 16, False)]
+    assert [bytes(new.view(r)) for r in again] == [b"2" * 8, b"3" * 8]
+    with pytest.raises(WaitTimeoutError):
+        new.take(timeout=0)
+    for ring in (old, new):
+        ring.close()
+
+
+@pytest.mark.holds("RING-6")
+def test_a_dead_producers_record_the_consumer_holds_is_never_reclaimed(shared: Callable[..., HostRing]) -> None:
+    """Two producers commit out of their reservations' order (two slots); the dead one's record
+    is taken and held, and a newer record has since written over its commit-table entry. A
+    reservation waiting for room reclaims nothing of it: the consumer's bytes stay its own."""
+    live = shared(64, records=2)
+    assert isinstance(live, SharedRing)
+    dead = HostRing.attach(live.name)
+    assert isinstance(dead, SharedRing)
+    dead.process = (1 << 30, 7)  # an identity no process has
+    mine = fill(live, b"L" * 8)  # reservation 0
+    theirs = fill(dead, b"D" * 8)  # reservation 1
+    dead.commit(theirs)  # record 0
+    live.commit(mine)  # record 1
+    consumer = HostRing.attach(live.name)  # type: ignore[attr-defined]
+    held, done = consumer.take(timeout=1), consumer.take(timeout=1)
+    consumer.release(done)  # reservation 0 goes back
+    live.commit(fill(live, b"N" * 8))  # record 2, in reservation 0's slot and record 0's entry
+    live.alive = lambda pid, started: (pid, started) != (1 << 30, 7)
+    with refused("RING-2", match=r"each of the ring's 2 records holds a live reservation"):
+        live.reserve(8, timeout=0.2)  # waits, looks for the dead, finds only a record
+    assert live.stats()["reclaimed"] == 0 and bytes(consumer.view(held)) == b"D" * 8
+    consumer.release(held)
+    assert live.reserve(8, timeout=1).nbytes == 8
+    for ring in (dead, consumer):
+        ring.close()
