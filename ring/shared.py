@@ -547,9 +547,10 @@ class SharedRing(HostRing):
                 # (only a record delivered again can have been finished: one taken the first time
                 # was never any consumer's before)
                 done = self._finished_at(taken.seq) if bound and taken.redelivered else None
-                # Every word is checked: now the writes. The output's commit first (its last word is
-                # the commit point), then the input's release (its state word): a crash between the
-                # two leaves the input to be delivered again, and known finished by `done`.
+                # Every word is checked: now the writes. The output's commit first (the next
+                # sequence number is its commit point), then the input's release (its state word):
+                # a crash between the two leaves the input to be delivered again, and known
+                # finished by `done`.
                 if not bound:
                     self._words[_H_SOURCE] = source._ring_id
                 if done is None:
