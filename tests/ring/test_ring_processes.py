@@ -211,13 +211,18 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(run: object, seed:
 
 
 def _wait_for_start(ring: Run, offset: int, timeout: float) -> bool:
-    """Wait until a consumer logs its start ("S ...") past `offset` of the log."""
-    deadline = time.monotonic() + timeout
+    """Wait until a consumer logs its start ("S ...") past `offset` of the log; False at the
+    timeout, or as soon as the ring's lock stays held look after look: its holder is the stopped
+    consumer (the others hold it for microseconds), and the replacement waits until it goes on."""
+    deadline, held = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
         with ring.consumed.open("rb") as f:
             f.seek(offset)
             if b"\nS " in b"\n" + f.read():
                 return True
+        held = held + 1 if ring.ring.lock_held() else 0  # type: ignore[attr-defined]
+        if held == 50:
+            return False
         time.sleep(0.002)
     return False
 
