@@ -628,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-slow", action="store_true", help="skip the stateful second chance")
     parser.add_argument("--again", action="store_true", help="rerun what the last run (its log) did not kill")
     parser.add_argument("--resume", action="store_true", help="run only what the last run (its log) did not reach")
+    parser.add_argument(
+        "--keys", nargs="+", metavar="KEY", help="run only these mutants (their report keys); other outcomes stand"
+    )
     args = parser.parse_args(argv)
 
     mutants = [m for f in args.files for m in mutants_of(f, (ROOT / f).read_text())]
@@ -641,6 +644,14 @@ def main(argv: list[str] | None = None) -> int:
             if reusable(m, before, args.resume)
         ]
         mutants = [m for m in mutants if not reusable(m, before, args.resume)]
+    if args.keys:  # these again, whatever the log says of them; every other logged outcome stands
+        before = {row["key"]: row for row in map(json.loads, log.read_text().splitlines())} if log.exists() else {}
+        every = [m for f in args.files for m in mutants_of(f, (ROOT / f).read_text())]
+        kept = [Result(m, before[m.key]["outcome"], before[m.key]["by"]) for m in every
+                if m.key not in args.keys and reusable(m, before, True)]  # fmt: skip
+        mutants = [m for m in every if m.key in args.keys]
+        if len(mutants) != len(set(args.keys)):
+            parser.error(f"no mutant of {args.files} has key {sorted(set(args.keys) - {m.key for m in mutants})}")
     if args.render:  # the report of what the log holds for today's code; nothing runs
         # (judged by today's equivalent list: a logged survivor listed since is what a run would call it)
         listed = load_equivalents(EQUIVALENT)

@@ -128,6 +128,26 @@ def test_listing_what_is_left_leaves_the_log_of_a_stopped_run_alone(
     assert listed.count(f"{total} mutants") == 1 and listed.count(f"{total - 1} mutants") == 2
 
 
+def test_keys_pick_the_mutants_to_run_and_an_unknown_key_is_refused(
+    mutate: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--keys` runs the named mutants only, whatever the log says of them; a key no mutant of
+    the files has is a usage error."""
+    file = "bridge/events.py"
+    mutants = mutate.mutants_of(file, (SCRIPT.parent.parent / file).read_text())
+    report = tmp_path / "report.md"
+    report.with_suffix(".jsonl").write_text(mutate._row(mutate.Result(mutants[1], "killed", "t", 1.0)) + "\n")
+    chosen = [mutants[1].key, mutants[3].key]
+    assert mutate.main(["--list", "--files", file, "--report", str(report), "--keys", *chosen]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[-1] == "2 mutants" and [line.split(": ")[0] for line in listed[:-1]] == [
+        f"{m.file}:{m.line}" for m in (mutants[1], mutants[3])
+    ]
+    with pytest.raises(SystemExit) as usage:
+        mutate.main(["--list", "--files", file, "--report", str(report), "--keys", "bridge/events.py::nothing"])
+    assert usage.value.code == 2 and "has key ['bridge/events.py::nothing']" in capsys.readouterr().err
+
+
 def test_the_core_files_give_hundreds_of_mutants_and_every_listed_equivalent_is_one_on_its_line(
     mutate: ModuleType,
 ) -> None:
