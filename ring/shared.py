@@ -730,15 +730,14 @@ class SharedRing(HostRing):
         slots of live reservations hold: the commit table's entries of records taken may have
         been written over by newer records since."""
         tail, count = self._window()
-        found: tuple[int, int] | None = None
+        found: tuple[int, int, int, int] | None = None
         for index in range(tail, count):
-            _, _, _, _, number, state = self._slot(index)
+            start, nbytes, _, _, number, state = self._slot(index)
             if state == _RESERVED and seq <= number < until and (found is None or number < found[0]):
-                found = (number, index)
+                found = (number, index, start, nbytes)
         if found is None:
             return None
-        number, index = found
-        start, nbytes, _, _ = self._fixed_fields(index)
+        number, index, start, nbytes = found
         counted = self._word(_H_REDELIVERED) + 1
         self._words[_H_TAKE_SEQ] = number + 1  # taken from here on
         self._words[_H_REDELIVERED] = counted

@@ -628,6 +628,24 @@ def _scribbled(name: str, cycles: int) -> tuple[HostRing, HostRing, HostRange, H
     return ring, consumer, consumer.take(timeout=1), fill(ring, b"open")
 
 
+def _refused_once_scribbled(cycles: int, word: int, value: int, op: str, match: str) -> None:
+    """`value` written into word `word` of a ring `_scribbled` after `cycles` records: the call
+    `op` is refused as SHM-1 with `match`, and changes no word."""
+    name = ring_name()
+    try:
+        ring, consumer, held, open_ = _scribbled(name, cycles)
+        words = _words_of(name)
+        assert list(words[5:9]) == [cycles + 4, cycles, cycles + 3, cycles + 1]  # (the state the tables are of)
+        words[word] = value
+        before = bytes(words)
+        with refused("SHM-1", RingCorruptError, match=match):
+            _OPS[op](ring, consumer, held, open_)
+        assert bytes(words) == before
+        words.release()
+    finally:
+        os.unlink(Path(SHM_DIR, name))
+
+
 @pytest.mark.rejects("SHM-1")
 @pytest.mark.parametrize(("cycles", "word", "value", "op", "bounds"), _OUTSIDE, ids=lambda v: str(v))
 def test_a_word_just_outside_its_range_is_refused_naming_the_word_and_the_range(
@@ -636,20 +654,9 @@ def test_a_word_just_outside_its_range_is_refused_naming_the_word_and_the_range(
     """Each checked word of the header and the commit table, one step outside the range the
     ring's state allows, is refused as SHM-1 by the call that reads it, naming the word, its
     value and the range, and changing no word."""
-    name = ring_name()
-    try:
-        ring, consumer, held, open_ = _scribbled(name, cycles)
-        words = _words_of(name)
-        assert list(words[5:9]) == [cycles + 4, cycles, cycles + 3, cycles + 1]  # (the state of the ranges)
-        words[word] = value
-        before = bytes(words)
-        match = rf"header word {word} holds {value}, outside \[{bounds[0]}, {bounds[1]}\]"
-        with refused("SHM-1", RingCorruptError, match=match):
-            _OPS[op](ring, consumer, held, open_)
-        assert bytes(words) == before
-        words.release()
-    finally:
-        os.unlink(Path(SHM_DIR, name))
+    _refused_once_scribbled(
+        cycles, word, value, op, rf"header word {word} holds {value}, outside \[{bounds[0]}, {bounds[1]}\]"
+    )
 
 
 #: A scribbled word of the slot table (8 words from word 40 per reservation: start, size, owner's
@@ -674,18 +681,7 @@ def test_a_slot_word_in_no_state_of_a_reservation_is_refused_naming_the_reservat
     """A slot's state outside reserved, released and reclaimed, more of its bytes freed than it
     has, or a sequence number that is another record's: SHM-1 naming the reservation or the
     record, by the call that reads the word, changing no word."""
-    name = ring_name()
-    try:
-        ring, consumer, held, open_ = _scribbled(name, 0)
-        words = _words_of(name)
-        words[40 + 8 * index + word] = value
-        before = bytes(words)
-        with refused("SHM-1", RingCorruptError, match=message):
-            _OPS[op](ring, consumer, held, open_)
-        assert bytes(words) == before
-        words.release()
-    finally:
-        os.unlink(Path(SHM_DIR, name))
+    _refused_once_scribbled(0, 40 + 8 * index + word, value, op, message)
 
 
 @pytest.mark.holds("SHM-1")
