@@ -94,7 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "protocol across processes, a crash possible before every word write (--ring-bound)",
     )
     check.add_argument(
-        "--ring-bound", choices=("ci", "finish", "small"), default="ci", help="the ring tier's bound (default: ci)"
+        "--ring-bound",
+        choices=("ci", "finish", "tight", "deep", "small"),
+        default="ci",
+        help="the ring tier's bound (default: ci)",
     )
     check.add_argument(
         "--in-order",

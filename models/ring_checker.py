@@ -11,8 +11,9 @@ committed, taken by which generation, released.
 Checked at every step, each breach named by the rule it breaks:
 - RING-4: commits are numbered 0, 1, 2, ...; `take` returns the lowest committed record that is
   neither released nor held by the live consumer.
-- RING-5: `r.redelivered` exactly for records an earlier consumer took; a record's bytes whole
-  when delivered again; a live consumer finding nothing while a record is due is a loss; at the
+- RING-5: `r.redelivered` exactly for records an earlier consumer took; those come first (a take
+  that passes one skipped a redelivery); a record's bytes whole when delivered again; a live
+  consumer finding nothing while a record is due is a loss; at the
   end of every path a drain by the live consumer (or a new one) gets every record due, exactly.
 - RING-6: no committed record is ever reclaimed; after the drain and a reclaim, the cursor
   reaches the head (nothing stays stuck: no deadlock).
@@ -98,11 +99,16 @@ class RingBound:
             raise ValueError(f"the ring must hold a record of {SIZE} B: {self}")
 
 
-#: Named bounds: the test suite runs `ci` (the protocol: rings that fill and wrap) and `finish`
-#: (outputs that finish their records, RING-7, into a ring that fills).
+#: Named bounds: the test suite runs `ci` (the protocol: rings that fill and wrap), `finish`
+#: (outputs that finish their records, RING-7, into a ring that fills), `tight` (two records
+#: live at most: each new one takes the slot of one just released) and `deep` (paths long enough
+#: for commits and releases out of order to write over the commit table's entry of a record
+#: still held, one crash on each).
 RING_PROFILES = {
     "ci": RingBound(),
     "finish": RingBound(records=1, capacity=16, slots=2, finishes=True),
+    "tight": RingBound(slots=2, depth=6),
+    "deep": RingBound(crashes=1, depth=11, slots=2),
     "small": RingBound(producers=1, records=2, restarts=1, crashes=1, depth=5, finishes=True),
 }
 
@@ -154,12 +160,15 @@ class _World:
         assert isinstance(ring, SharedRing)
         self.ring = ring
         ring.alive = self._alive
-        # the consumers' outputs, each finishing the record it was made from (RING-7)
+        # the consumers' outputs, each finishing the record it was made from (RING-7): a second
+        # ring, where the bound has outputs
         self.out_name = f"{self.name}-out"
-        outputs = HostRing.create(self.out_name, bound.capacity, records=bound.slots)
-        assert isinstance(outputs, SharedRing)
-        self.outputs = outputs
-        outputs.alive = self._alive
+        self.outputs: SharedRing | None = None
+        if bound.finishes:
+            outputs = HostRing.create(self.out_name, bound.capacity, records=bound.slots)
+            assert isinstance(outputs, SharedRing)
+            self.outputs = outputs
+            outputs.alive = self._alive
         self.consumer_outs: list[SharedRing | None] = []
         self.output_of: dict[int, int] = {}  # the reference: input seq -> the output that finished it
         self.producers: list[SharedRing | None] = []
@@ -187,7 +196,8 @@ class _World:
             if attached is not None:
                 _bury(attached)
         os.unlink(os.path.join(SHM_DIR, self.name))
-        os.unlink(os.path.join(SHM_DIR, self.out_name))
+        if self.outputs is not None:
+            os.unlink(os.path.join(SHM_DIR, self.out_name))
 
     def _attach(self, who: int, name: str | None = None, count: _Writes | None = None) -> SharedRing:
         attached = HostRing.attach(name or self.name)
@@ -196,6 +206,10 @@ class _World:
         attached.alive = self._alive
         attached._words = _Words(attached._words, count or _Writes())  # type: ignore[assignment]
         return attached
+
+    def _attach_out(self, c: int, count: _Writes | None = None) -> SharedRing | None:
+        """Consumer `c`'s attachment of the outputs' ring (its writes counted with `count`), if any."""
+        return None if self.outputs is None else self._attach(self.bound.producers + c, self.out_name, count)
 
     def _alive(self, pid: int, started: int) -> bool:
         """The checker's processes: dead once crashed."""
@@ -316,15 +330,16 @@ class _World:
         assert attached is not None
         fenced = c != self.live
         before = self._words()
-        take_seq = self.ring._words[shared_ring._H_TAKE_SEQ]
         due = self._due()
         try:
             with self._call(attached, crash_at):
                 r = attached.take(timeout=0)
         except Crash:
             self._consumer_died(c)
-            if self.ring._words[shared_ring._H_TAKE_SEQ] > take_seq and due and not fenced:
-                self.taken_ever.add(due[0])  # it died after the take point
+            # it died after the take point: `take_seq` past the record (not only past records
+            # none had to be delivered again)
+            if due and self.ring._words[shared_ring._H_TAKE_SEQ] > due[0] and not fenced:
+                self.taken_ever.add(due[0])
                 self._move(self.committed[due[0]][2], "take")
             return
         except StaleHandleError as e:
@@ -339,6 +354,10 @@ class _World:
         if fenced:
             raise _Broken("GEN-2", f"a fenced consumer took record {r.seq}")
         due = self._due()
+        if due and r.seq != due[0] and due[0] in self.taken_ever:
+            raise _Broken(
+                "RING-5", f"take gave record {r.seq}; record {due[0]}, an earlier consumer's, is due again first"
+            )
         if not due or r.seq != due[0]:
             raise _Broken("RING-4", f"take gave record {r.seq}; the next due is {due[:1]}")
         if r.redelivered != (r.seq in self.taken_ever):
@@ -384,11 +403,11 @@ class _World:
 
     def _finish(self, c: int, seq: int, crash_at: int | None) -> None:
         """Consumer `c` makes the output of record `seq` and commits it finishing the record."""
-        attached, out = self.consumers[c], self.consumer_outs[c]
-        assert attached is not None and out is not None
+        attached, out, outputs = self.consumers[c], self.consumer_outs[c], self.outputs
+        assert attached is not None and out is not None and outputs is not None
         r = self.held[c][seq]
         fenced = c != self.live
-        before, out_seq = self._words(), self.outputs._words[shared_ring._H_NEXT_SEQ]
+        before, out_seq = self._words(), outputs._words[shared_ring._H_NEXT_SEQ]
         live = self._slot_state(r.start) == shared_ring._RESERVED
         try:
             with self._call(attached, crash_at):
@@ -397,7 +416,7 @@ class _World:
                 got = out.commit(o, finishes=r)
         except Crash:
             self._consumer_died(c)
-            committed = self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq
+            committed = outputs._words[shared_ring._H_NEXT_SEQ] != out_seq
             released = live and self._slot_state(r.start) != shared_ring._RESERVED
             if fenced and (committed or released):
                 raise _Broken("GEN-2", f"a fenced consumer's finish of record {seq} changed a ring") from None
@@ -412,7 +431,7 @@ class _World:
         except StaleHandleError as e:
             if not fenced or e.rule != "GEN-2":
                 raise _Broken("GEN-2", f"the live consumer's finish was refused: {e}") from e
-            if self._words() != before or self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
+            if self._words() != before or outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
                 raise _Broken("GEN-2", "a fenced consumer's refused finish changed a ring") from e
             return
         except BridgeError:
@@ -420,7 +439,7 @@ class _World:
         if fenced:
             raise _Broken("GEN-2", f"a fenced consumer's finish of record {seq} was accepted")
         if seq in self.output_of:  # finished before a crash: nothing committed again
-            if got != self.output_of[seq] or self.outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
+            if got != self.output_of[seq] or outputs._words[shared_ring._H_NEXT_SEQ] != out_seq:
                 raise _Broken("RING-7", f"record {seq}, finished by output {self.output_of[seq]}, got output {got}")
         else:
             if got != out_seq:
@@ -437,9 +456,8 @@ class _World:
             raise _Broken("RING-7", f"record {seq} has two outputs: {self.output_of[seq]} and {out}")
         self.output_of[seq] = out
 
-    def _collect(self) -> None:
+    def _collect(self, collector: SharedRing) -> None:
         """The collector: every output committed, each of a different input, as the reference says."""
-        collector = self.outputs
         collector.consume()
         got: dict[int, int] = {}
         while True:
@@ -461,7 +479,7 @@ class _World:
         self.consumers.append(attached)
         words = attached._words
         assert isinstance(words, _Words)
-        self.consumer_outs.append(self._attach(self.bound.producers + c, self.out_name, words.count))
+        self.consumer_outs.append(self._attach_out(c, words.count))
         self.held.append({})
         before = self.ring._words[shared_ring._H_GENERATION]
         try:
@@ -501,26 +519,35 @@ class _World:
                 self._move(start, "redeliver")
 
     def _reclaim(self) -> None:
-        """ring.reclaim(), and the reference's records whose slots it reclaimed."""
+        """ring.reclaim(), and the reference's records whose slots it reclaimed: every one a
+        dead producer reserved and did not commit."""
         self.ring.reclaim()
         for start, state in list(self.records.items()):
             if state == "reserved" and self._slot_state(start) == shared_ring._RECLAIMED:
                 self._move(start, "reclaim")
+        for p, (attached, r) in enumerate(zip(self.producers, self.reserved, strict=True)):
+            if attached is None and r is not None:
+                if self.records[r.start] == "reserved":
+                    raise _Broken("RING-6", f"reclaim() left the reservation at {r.start} of a dead producer")
+                self.reserved[p] = None  # (its bytes may hold a newer reservation from here on)
 
     def _consumer_died(self, c: int) -> None:
         attached, out = self.consumers[c], self.consumer_outs[c]
-        assert attached is not None and out is not None
+        assert attached is not None
         _bury(attached)
-        _bury(out)
+        if out is not None:
+            _bury(out)
         self.consumers[c] = self.consumer_outs[c] = None
         self.held[c] = {}
         if self.live == c:
             self.live = None
 
     def _slot_state(self, start: int) -> int | None:
+        """The state of the newest reservation at `start` whose slot is not reused yet (released
+        and reclaimed ones too: past the tail), None when there is none."""
         ring = self.ring
-        tail, count = ring._window()
-        for index in range(tail, count):
+        count = ring._window()[1]
+        for index in range(count - 1, max(count - ring._slots, 0) - 1, -1):
             s, _, _, _, _, state = ring._slot(index)
             if s == start:
                 return state
@@ -553,7 +580,7 @@ class _World:
         if self.live is None:
             c = len(self.consumers)
             self.consumers.append(self._attach(self.bound.producers + c))
-            self.consumer_outs.append(self._attach(self.bound.producers + c, self.out_name))
+            self.consumer_outs.append(self._attach_out(c))
             self.held.append({})
             self.live = c
             consumer = self.consumers[-1]
@@ -577,11 +604,13 @@ class _World:
         self._check_state()
         if self.ring.cursor != self.ring.head:
             raise _Broken("RING-6", f"after the drain the cursor stays at {self.ring.cursor}, head {self.ring.head}")
+        if self.outputs is None:
+            return
         for out in self.consumer_outs:  # outputs a fenced consumer reserved and could not commit
             if out is not None:
                 for r in out.unreleased():
                     out.release(r)
-        self._collect()
+        self._collect(self.outputs)
         self.outputs.reclaim()
         if self.outputs.cursor != self.outputs.head:
             raise _Broken("RING-6", f"after the drain the outputs' cursor stays at {self.outputs.cursor}")
@@ -617,7 +646,7 @@ def _dead(world: _World) -> set[tuple[int, int]]:
 def _key(world: _World) -> tuple[object, ...]:
     return (
         world._words(),
-        world._words(world.outputs),
+        world._words(world.outputs) if world.outputs is not None else b"",
         tuple(sorted(world.output_of.items())),
         tuple(
             (a is None, r.start if r else None, m)

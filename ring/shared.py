@@ -262,12 +262,14 @@ class SharedRing(HostRing):
         return (*fixed, self._words[base + _S_SEQ], state)
 
     def _untaken(self) -> set[int]:  # the segment locked
-        """The reservations the commit table names for the records committed and not taken yet
+        """The reservations the commit table names for the records committed and never taken
         (their entries are never written over: each is a live reservation, and a ring has no
-        more of those than entries)."""
+        more of those than entries). Not those a new consumer gets again (from `take_seq` up to
+        `redeliver_until`): their entries may name newer reservations since, even one whose
+        commit died before its commit point."""
         words, slots = self._words, self._slots
-        next_seq, take_seq = self._word(_H_NEXT_SEQ), self._word(_H_TAKE_SEQ)
-        return {words[self._commits_at + s % slots] for s in range(max(take_seq, next_seq - slots), next_seq)}
+        next_seq, take_seq, until = self._take_words()
+        return {words[self._commits_at + s % slots] for s in range(max(take_seq, until, next_seq - slots), next_seq)}
 
     def _is_record(self, index: int, seq: int, untaken: set[int]) -> bool:  # the segment locked
         """Whether reservation `index`, whose sequence number word holds `seq`, is a record: the
@@ -441,12 +443,14 @@ class SharedRing(HostRing):
         if start + n - oldest > self.capacity:
             return None
         pid, pstart = me
+        # the tail word first: past every released reservation, so that it names none whose slot
+        # the new one takes (a release that died before its tail word leaves it a lap behind)
+        self._words[_H_TAIL] = tail
         _SLOT.pack_into(
             self._segment.map,
             (self._table_at + (count % self._slots) * _SLOT_WORDS) * 8,
             start, n, pid, pstart, _check_word(start, n, pid, pstart), -1, _RESERVED, 0,
         )  # fmt: skip
-        self._words[_H_TAIL] = tail
         self._words[_H_COUNT] = count + 1  # the reservation exists from here on
         self._remember(count, (start, n, pid, pstart))
         return start, count

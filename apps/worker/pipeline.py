@@ -233,7 +233,10 @@ class Worker:
         self.since_restart += done - before
         if progress is not None and done != before:
             progress(done)
-        if self.restart_every and self.since_restart >= self.restart_every and self.jobs:
+        # (while objects remain, in flight or to come: how many restarts a run has does not
+        # depend on whether the producer had the next object ready at that moment)
+        more = self.jobs or self.deliveries + len(self.rejected) < self.objects
+        if self.restart_every and self.since_restart >= self.restart_every and more:
             self.restart()
             self.since_restart = 0
         return bool(self.jobs or producer.ready or producer.is_alive())

@@ -40,6 +40,20 @@ def test_the_ring_protocol_holds_with_a_crash_possible_at_every_step(profile: st
         assert FINISH in result.transitions and result.transitions <= every
 
 
+@pytest.mark.holds("RING-1", "RING-4", "RING-5", "RING-6", "GEN-2")
+@pytest.mark.parametrize(("profile", "least"), [("tight", 3000), ("deep", 6000)])
+def test_the_ring_protocol_holds_with_slots_reused_at_once_and_records_out_of_order(profile: str, least: int) -> None:
+    """Two slots: each reservation takes the slot of one just released (`tight`, two crashes a
+    path), and paths long enough for two producers' commits and the consumer's releases out of
+    order to write over the commit-table entry of a record still held (`deep`, one crash)."""
+    bound = RING_PROFILES[profile]
+    assert (bound.producers, bound.records, bound.slots, bound.restarts) == (2, 2, 2, 1)
+    result = check_ring(bound)
+    assert result.violation is None, str(result.violation)
+    assert result.states >= least
+    assert result.transitions == {(t.source, t.event) for t in load_ring().transitions} - {FINISH}
+
+
 def _skip_one_on_redelivery(self: SharedRing) -> tuple[int, int]:
     take_seq, until = _ORIGINAL["_rewind"](self)
     rewound = take_seq < self._words[shared_ring._H_TAKE_SEQ]
@@ -79,7 +93,56 @@ def _forget_what_was_finished(self: SharedRing, seq: int) -> None:
     return None
 
 
-_ORIGINAL: dict[str, Callable[..., Any]] = {"_rewind": SharedRing._rewind}
+def _rewind_by_the_commit_table(self: SharedRing) -> tuple[int, int]:
+    """A new consumer rewinds to the records taken and not released that the commit table still
+    names (an entry is written over once `slots` more records are committed)."""
+    _, take_seq, until = self._take_words()
+    lowest = take_seq
+    tail, count = self._window()
+    for index in range(tail, count):
+        _, _, _, _, seq, state = self._slot(index)
+        named = self._words[self._commits_at + seq % self._slots] == index
+        if state == shared_ring._RESERVED and 0 <= seq < lowest and named:
+            lowest = seq
+    return lowest, max(until, take_seq) if lowest < take_seq else until
+
+
+def _a_record_by_the_commit_table(self: SharedRing, index: int, seq: int, untaken: set[int]) -> bool:
+    """A reservation with a number is a record only while the commit table's entry for the
+    number names it."""
+    named = self._words[self._commits_at + seq % self._slots] == index
+    return (0 <= seq < self._words[shared_ring._H_NEXT_SEQ] and named) or (seq == -1 and index in untaken)
+
+
+class _TailWordLast:
+    """A segment's words whose tail word, when written, is written just before the count word."""
+
+    def __init__(self, words: Any) -> None:
+        self.words, self.tail = words, None
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.words[i]
+
+    def __setitem__(self, i: int, value: int) -> None:
+        if i == shared_ring._H_TAIL:
+            self.tail = value
+            return
+        if i == shared_ring._H_COUNT and self.tail is not None:
+            self.words[shared_ring._H_TAIL] = self.tail
+        self.words[i] = value
+
+
+def _slot_before_the_tail_word(self: SharedRing, n: int, me: tuple[int, int]) -> tuple[int, int] | None:
+    """A reservation writes its slot before the tail word: a tail word a lap behind (its
+    releaser died before writing it) names the slot while it is rewritten."""
+    words, self._words = self._words, _TailWordLast(self._words)  # type: ignore[assignment]
+    try:
+        return _ORIGINAL["_reserve_now"](self, n, me)
+    finally:
+        self._words = words
+
+
+_ORIGINAL: dict[str, Callable[..., Any]] = {"_rewind": SharedRing._rewind, "_reserve_now": SharedRing._reserve_now}
 SEEDED = {
     "a redelivery that skips a record": ({"_rewind": _skip_one_on_redelivery}, "ci", "RING-5"),
     "a reclaim of a committed range": ({"_reclaim_dead": _reclaim_committed_too}, "ci", "RING-6"),
@@ -93,6 +156,13 @@ SEEDED = {
         {"_finished_at": _forget_what_was_finished},
         "finish",
         "RING-7",
+    ),
+    "a rewind that trusts the commit table": ({"_rewind": _rewind_by_the_commit_table}, "deep", "RING-5"),
+    "a reclaim that trusts the commit table": ({"_is_record": _a_record_by_the_commit_table}, "deep", "RING-6"),
+    "a reservation's slot written before the tail word": (
+        {"_reserve_now": _slot_before_the_tail_word},
+        "tight",
+        "RING-1",
     ),
 }
 

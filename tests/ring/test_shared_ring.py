@@ -1335,3 +1335,38 @@ def test_a_dead_producers_record_the_consumer_holds_is_never_reclaimed(shared: C
     assert live.reserve(8, timeout=1).nbytes == 8
     for ring in (dead, consumer):
         ring.close()
+
+
+@pytest.mark.holds("RING-6")
+def test_a_dead_commits_table_entry_keeps_no_reservation_from_reclaim_while_records_come_again(
+    shared: Callable[..., HostRing],
+) -> None:
+    """A producer dies committing: its commit-table entry written, not the commit point. The
+    entry is one of a record a new consumer gets again (an older record's, written over): it
+    names no committed record, and the dead reservation is reclaimed at once, not only after
+    the records due again are taken."""
+    live = shared(64, records=2)
+    assert isinstance(live, SharedRing)
+    first, second = fill(live, b"1" * 8), fill(live, b"2" * 8)
+    live.commit(second)  # record 0: the second reservation
+    live.commit(first)  # record 1: the first
+    old = HostRing.attach(live.name)  # type: ignore[attr-defined]
+    old.take(timeout=1)  # record 0, held
+    old.release(old.take(timeout=1))  # record 1: the first reservation goes back, its slot free
+    dead = HostRing.attach(live.name)
+    assert isinstance(dead, SharedRing)
+    dead.process = (1 << 30, 7)  # an identity no process has
+    dying = fill(dead, b"D" * 8)  # reservation 2, in the first's slot
+    dead._words[dead._commits_at + 2 % 2] = 2  # its commit's first write (record 2's entry, record 0's before)
+    live.alive = lambda pid, started: (pid, started) != (1 << 30, 7)
+    new = HostRing.attach(live.name)  # type: ignore[attr-defined]
+    new.consume()  # record 0 is due again
+    assert live.reclaim() == 1  # type: ignore[attr-defined]
+    again = new.take(timeout=1)
+    assert (again.seq, again.start, again.redelivered, bytes(new.view(again))) == (0, 8, True, b"2" * 8)
+    with pytest.raises(WaitTimeoutError):
+        new.take(timeout=0)  # record 2 was never committed
+    new.release(again)
+    assert (live.cursor, live.head, dying.start) == (24, 24, 16)
+    for ring in (old, dead, new):
+        ring.close()
