@@ -805,6 +805,8 @@ class SharedRing(HostRing):
         try:
             super()._check_live(r, rule)
         except RangeError:
+            if not isinstance(r, HostRange) or r.ring is not self:
+                raise  # (RANGE-1: not a range of this ring at all)
             owner = self._holder(r)
             if owner is not None:
                 raise RangeError("RING-4", f"host bytes {_fmt(r)} are {owner}, not this process's") from None

@@ -759,6 +759,48 @@ def test_commit_and_take_refuse_any_argument_of_the_wrong_kind(ring_of: Callable
     assert ring.snapshot() == before
 
 
+_RANGE_CALLS: dict[str, Callable[[HostRing, object], object]] = {
+    "commit": lambda ring, bad: ring.commit(bad),  # type: ignore[arg-type]
+    "release": lambda ring, bad: ring.release(bad),  # type: ignore[arg-type]
+    "view": lambda ring, bad: ring.view(bad),  # type: ignore[arg-type]
+    "write": lambda ring, bad: ring.write(bad, b"x"),  # type: ignore[arg-type]
+    "released": lambda ring, bad: ring.released(bad),  # type: ignore[arg-type]
+}
+_NOT_RANGES = [None, -1, float("nan"), "r", object(), b"x", (0, 8)]
+
+
+def _live_ring(make: Callable[[int], HostRing]) -> tuple[HostRing, HostRange, HostRange]:
+    """A ring with a record held and a reservation open: live slots to look through for whose
+    bytes a range is."""
+    ring = make(64)
+    ring.commit(fill(ring, b"a" * 8))
+    held = ring.take(timeout=1)
+    return ring, held, fill(ring, b"b" * 8)
+
+
+@pytest.mark.rejects("RANGE-1")
+@pytest.mark.parametrize("call", sorted(_RANGE_CALLS))
+@pytest.mark.parametrize("bad", _NOT_RANGES, ids=repr)
+def test_a_range_call_refuses_what_is_not_a_range_with_records_and_reservations_live(
+    ring_of: Callable[[int], HostRing], call: str, bad: object
+) -> None:
+    ring, held, _ = _live_ring(ring_of)
+    before = ring.snapshot()
+    with refused("RANGE-1", match="of data for" if call == "write" else "is not a range of this ring"):
+        _RANGE_CALLS[call](ring, bad)
+    assert ring.snapshot() == before and bytes(ring.view(held)) == b"a" * 8
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("bad", _NOT_RANGES[1:], ids=repr)  # (None: an output that finishes nothing)
+def test_an_output_refuses_to_finish_what_is_not_a_record(ring_of: Callable[[int], HostRing], bad: object) -> None:
+    ring, held, open_ = _live_ring(ring_of)
+    before = ring.snapshot()
+    with refused("ARG-1", match="an output finishes a record taken from another ring"):
+        ring.commit(open_, finishes=bad)  # type: ignore[arg-type]
+    assert ring.snapshot() == before and bytes(ring.view(held)) == b"a" * 8
+
+
 def test_a_closed_attachment_refuses_every_call_and_others_go_on(shared: Callable[..., HostRing]) -> None:
     ring = shared(64)
     other = HostRing.attach(ring.name)  # type: ignore[attr-defined]
