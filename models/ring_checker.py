@@ -88,7 +88,7 @@ class RingBound:
     restarts: int = 1  # consumers that replace the first one
     crashes: int = 2  # deaths along one path
     depth: int = 7  # actions per path
-    capacity: int = 32  # ring bytes: small enough to wrap
+    capacity: int = 32  # ring bytes (below records x 8 B a reservation, reservations wrap)
     slots: int = 4  # live reservations at once
     finishes: bool = False  # consumers may also finish a record: commit its output to a second ring
 
@@ -99,16 +99,17 @@ class RingBound:
             raise ValueError(f"the ring must hold a record of {SIZE} B: {self}")
 
 
-#: Named bounds: the test suite runs `ci` (the protocol: rings that fill and wrap), `finish`
-#: (outputs that finish their records, RING-7, into a ring that fills), `tight` (two records
-#: live at most: each new one takes the slot of one just released) and `deep` (paths long enough
-#: for commits and releases out of order to write over the commit table's entry of a record
-#: still held, one crash on each).
+#: Named bounds: the test suite runs `ci` (the protocol: a ring of three records' bytes, so that
+#: it fills and the fourth reservation wraps to its start), `finish` (outputs that finish their
+#: records, RING-7, into a ring that fills), `tight` (two records live at most: each new one
+#: takes the slot of one just released) and `deep` (paths long enough for commits and releases
+#: out of order to write over the commit table's entry of a record still held, one crash on
+#: each). In the last two a ring of 20 bytes skips its last 4 at the end of each lap.
 RING_PROFILES = {
-    "ci": RingBound(),
+    "ci": RingBound(capacity=24),
     "finish": RingBound(records=1, capacity=16, slots=2, finishes=True),
-    "tight": RingBound(slots=2, depth=6),
-    "deep": RingBound(crashes=1, depth=11, slots=2),
+    "tight": RingBound(slots=2, depth=6, capacity=20),
+    "deep": RingBound(crashes=1, depth=11, slots=2, capacity=20),
     "small": RingBound(producers=1, records=2, restarts=1, crashes=1, depth=5, finishes=True),
 }
 
