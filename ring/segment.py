@@ -31,7 +31,9 @@ SHM_DIR = "/dev/shm"
 #: A segment's name: what `shm_open` accepts, without the leading slash (the same name in every process).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
+#: The futex system call's number on each machine Linux runs this on (its syscall tables).
+FUTEX_SYSCALLS = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}
+_SYS_FUTEX = FUTEX_SYSCALLS.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)  # its calls release the GIL
 

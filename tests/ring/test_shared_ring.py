@@ -462,6 +462,15 @@ def test_a_segments_header_says_what_it_is_and_another_layout_is_refused_by_name
     ring.close()
 
 
+def test_the_futex_system_call_numbers_are_the_kernels() -> None:
+    """Linux's numbers of futex: arch/x86/entry/syscalls/syscall_64.tbl, the generic table
+    aarch64 uses (include/uapi/asm-generic/unistd.h), arch/powerpc/kernel/syscalls/syscall.tbl
+    and arch/s390/kernel/syscalls/syscall.tbl. (On this machine a wait's tests use its own.)"""
+    from devbridge.ring import segment
+
+    assert segment.FUTEX_SYSCALLS == {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}
+
+
 def test_layout_2_word_by_word(shared: Callable[..., HostRing]) -> None:
     """Layout 2, as another version must read it: a header of 32 words, the commit table (a word
     per record), the slot table (8 words per record: start, size, pid, start time, check word,
