@@ -582,6 +582,9 @@ class HostRing:
         """Run `check` on the bytes of `r` before the next view, array, commit or release of any
         of them, once; what it raises refuses that call, which changes nothing. For the Bridge's
         host-bytes check (devbridge.bridge.hostcheck)."""
+        r = self._bridges(r)
+        if not callable(check):
+            raise InvalidArgumentError("ARG-1", f"a guard's check must be callable, got {short(check)}")
         with self._lock:
             for start in [
                 s for s, (e, _) in self._guards.items() if not self._any_unreleased(made_range(self, s, e - s))
@@ -596,27 +599,42 @@ class HostRing:
                 del self._guards[start]
                 check(self.raw(made_range(self, start, stop - start)))
 
+    def _bridges(self, r: object) -> HostRange:
+        """`r` when it is a range of this ring, for the calls the Bridge makes after its checks
+        (a caller that makes them itself gets RANGE-1 for anything else, not an AttributeError)."""
+        r = plain(r)  # type: ignore[arg-type]
+        self._check_ring(r)
+        return r
+
     def raw(self, r: HostRange) -> memoryview:
-        """The bytes of `r` with no checks: for the Bridge, after `check_copy`."""
+        """The bytes of `r` with no checks of its state: for the Bridge, after `check_copy`."""
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._bridges(r)
         pos = r.start % self.capacity
         return self._memory[pos : pos + r.nbytes]
 
     def begin_read(self, r: HostRange) -> None:
         """An input copy starts reading `r` (checked by `check_copy` first): its bytes are
         read-only until `end_read` (H2D-3). For the Bridge."""
+        r = self._bridges(r)
         with self._lock:
             self._reads.append((r.start, r.end))
 
     def end_read(self, r: HostRange, release: bool) -> None:
         """An input copy is done. On success its bytes are released, except those other
         pending input copies still read (they go when the last of those succeeds)."""
+        r = self._bridges(r)
         with self._lock:
+            if (r.start, r.end) not in self._reads:
+                raise InvalidArgumentError("ARG-1", f"no input copy of host bytes {_fmt(r)} began")
             self._reads.remove((r.start, r.end))
             if release:
                 self._release_read(r)
 
     def read_done(self, r: HostRange, release: bool) -> None:
         """A synchronous input copy read `r` (begin_read and end_read in one)."""
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._bridges(r)
         if release:
             self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
             try:
@@ -637,12 +655,15 @@ class HostRing:
     def begin_write(self, r: HostRange) -> None:
         """An output copy starts writing `r` (checked by `check_copy` first): its bytes are not
         readable until `end_write` says they are valid (D2H-3). For the Bridge."""
+        r = self._bridges(r)
         with self._lock:
             self._writes.append((r.start, r.end))
             self._failed = _minus(self._failed, (r.start, r.end))
 
     def write_done(self, r: HostRange) -> None:
         """A synchronous output copy wrote `r`: its bytes are valid (begin_write and end_write in one)."""
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._bridges(r)
         with self._lock:
             if self._failed:
                 self._failed = _minus(self._failed, (r.start, r.end))
@@ -650,7 +671,10 @@ class HostRing:
     def end_write(self, r: HostRange, valid: bool) -> None:
         """An output copy into `r` is over: its bytes are readable if `valid`, never if it
         failed (COPY-F). For the Bridge."""
+        r = self._bridges(r)
         with self._lock:
+            if (r.start, r.end) not in self._writes:
+                raise InvalidArgumentError("ARG-1", f"no output copy into host bytes {_fmt(r)} began")
             self._writes.remove((r.start, r.end))
             if not valid:
                 self._failed.append((r.start, r.end))
@@ -672,7 +696,10 @@ class HostRing:
             return self._bookkeeping()
 
     def restore(self, state: RingState) -> None:
-        """Take back the bookkeeping `state()` gave (the bytes stay as they are)."""
+        """Take back the bookkeeping `state()` gave (the bytes stay as they are); ARG-1 for what
+        is not the shape of one."""
+        if not _is_state(state):
+            raise InvalidArgumentError("ARG-1", f"a ring's state is what state() returns, got {short(state)}")
         head, starts, ends, reads, writes, failed = state
         with self._lock:
             self._head = head
@@ -752,7 +779,8 @@ class HostRing:
     def _cut_span(self, start: int, end: int) -> None:
         """Release [start, end), which lies in one unreleased span (what is left of it stays)."""
         i = bisect_right(self._starts, start) - 1
-        assert i >= 0 and end <= self._ends[i], f"releasing bytes that are not unreleased: [{start}, {end})"
+        if i < 0 or end > self._ends[i]:  # (a caller of read_done's own, past the Bridge's checks)
+            raise RangeError("RING-1", f"host bytes [{start}, {end}) are not unreleased in one reservation")
         s, e = self._starts[i], self._ends[i]
         if end < e:  # the tail stays
             self._starts[i] = end
@@ -772,6 +800,16 @@ class HostRing:
 def _shared() -> ModuleType:
     """devbridge.ring.shared, which builds on this module (imported on first use, not here)."""
     return importlib.import_module("devbridge.ring.shared")
+
+
+def _is_state(state: object) -> bool:
+    """Whether `state` has the shape of a RingState (its values are the model checker's to keep)."""
+    if type(state) is not tuple or len(state) != 6 or type(state[0]) is not int:
+        return False
+    starts, ends, *spans = state[1:]
+    ints = all(type(x) is tuple and all(type(i) is int for i in x) for x in (starts, ends))
+    pairs = all(type(x) is tuple and all(type(p) is tuple and len(p) == 2 for p in x) for x in spans)
+    return ints and pairs and len(starts) == len(ends)
 
 
 def _fmt(r: HostRange) -> str:

@@ -778,6 +778,11 @@ _RANGE_CALLS: dict[str, Callable[[HostRing, object], object]] = {
 _NOT_RANGES = [None, -1, float("nan"), "r", object(), b"x", (0, 8)]
 
 
+def _label(value: object) -> str:
+    """A test id the same in every worker process (an object's repr holds its address)."""
+    return "object()" if type(value) is object else repr(value)
+
+
 def _live_ring(make: Callable[[int], HostRing]) -> tuple[HostRing, HostRange, HostRange]:
     """A ring with a record held and a reservation open: live slots to look through for whose
     bytes a range is."""
@@ -789,7 +794,7 @@ def _live_ring(make: Callable[[int], HostRing]) -> tuple[HostRing, HostRange, Ho
 
 @pytest.mark.rejects("RANGE-1")
 @pytest.mark.parametrize("call", sorted(_RANGE_CALLS))
-@pytest.mark.parametrize("bad", _NOT_RANGES, ids=repr)
+@pytest.mark.parametrize("bad", _NOT_RANGES, ids=_label)
 def test_a_range_call_refuses_what_is_not_a_range_with_records_and_reservations_live(
     ring_of: Callable[[int], HostRing], call: str, bad: object
 ) -> None:
@@ -801,13 +806,80 @@ def test_a_range_call_refuses_what_is_not_a_range_with_records_and_reservations_
 
 
 @pytest.mark.rejects("ARG-1")
-@pytest.mark.parametrize("bad", _NOT_RANGES[1:], ids=repr)  # (None: an output that finishes nothing)
+@pytest.mark.parametrize("bad", _NOT_RANGES[1:], ids=_label)  # (None: an output that finishes nothing)
 def test_an_output_refuses_to_finish_what_is_not_a_record(ring_of: Callable[[int], HostRing], bad: object) -> None:
     ring, held, open_ = _live_ring(ring_of)
     before = ring.snapshot()
     with refused("ARG-1", match="an output finishes a record taken from another ring"):
         ring.commit(open_, finishes=bad)  # type: ignore[arg-type]
     assert ring.snapshot() == before and bytes(ring.view(held)) == b"a" * 8
+
+
+_BRIDGES_CALLS: dict[str, Callable[[HostRing, object], object]] = {
+    "raw": lambda ring, bad: ring.raw(bad),  # type: ignore[arg-type]
+    "begin_read": lambda ring, bad: ring.begin_read(bad),  # type: ignore[arg-type]
+    "end_read": lambda ring, bad: ring.end_read(bad, True),  # type: ignore[arg-type]
+    "read_done": lambda ring, bad: ring.read_done(bad, True),  # type: ignore[arg-type]
+    "begin_write": lambda ring, bad: ring.begin_write(bad),  # type: ignore[arg-type]
+    "end_write": lambda ring, bad: ring.end_write(bad, True),  # type: ignore[arg-type]
+    "write_done": lambda ring, bad: ring.write_done(bad),  # type: ignore[arg-type]
+    "guard": lambda ring, bad: ring.guard(bad, lambda view: None),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.rejects("RANGE-1")
+@pytest.mark.parametrize("call", sorted(_BRIDGES_CALLS))
+@pytest.mark.parametrize("bad", [None, -1, float("nan"), "r", (0, 8), "other"], ids=repr)
+def test_the_calls_a_bridge_makes_refuse_what_is_not_a_range_of_the_ring(
+    ring_of: Callable[[int], HostRing], call: str, bad: object
+) -> None:
+    """The calls the Bridge makes on a ring after its own checks (a copy's start and end), made
+    by a caller with anything but a range of the ring: RANGE-1, and nothing changes."""
+    ring, held, _ = _live_ring(ring_of)
+    if bad == "other":
+        bad = HostRing(64).reserve(8)
+    before = ring.snapshot()
+    with refused("RANGE-1", match="is not a range of this ring"):
+        _BRIDGES_CALLS[call](ring, bad)
+    assert ring.snapshot() == before and bytes(ring.view(held)) == b"a" * 8
+
+
+@pytest.mark.rejects("ARG-1")
+def test_a_copy_that_never_began_is_not_ended_and_a_guard_needs_a_check(ring_of: Callable[[int], HostRing]) -> None:
+    ring, _, open_ = _live_ring(ring_of)
+    before = ring.snapshot()
+    with refused("ARG-1", match=r"no input copy of host bytes \[8, 16\) began"):
+        ring.end_read(open_, True)
+    with refused("ARG-1", match=r"no output copy into host bytes \[8, 16\) began"):
+        ring.end_write(open_, False)
+    with refused("ARG-1", match="a guard's check must be callable, got 3"):
+        ring.guard(open_, 3)  # type: ignore[arg-type]
+    assert ring.snapshot() == before
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize(
+    "bad",
+    [None, (), (0,) * 6, (0, (), (), (), ()), (0, (1,), (), (), (), ()), (0, (), (), ((1, 2, 3),), (), ())],
+    ids=repr,
+)
+def test_restore_takes_only_the_shape_of_a_state(bad: object) -> None:
+    ring = HostRing(64)
+    ring.reserve(8)
+    before = ring.snapshot()
+    with refused("ARG-1", match="a ring's state is what state"):
+        ring.restore(bad)  # type: ignore[arg-type]
+    assert ring.snapshot() == before
+
+
+@pytest.mark.rejects("RING-1")
+def test_a_synchronous_read_of_bytes_released_already_is_refused(ring_of: Callable[[int], HostRing]) -> None:
+    ring, _, open_ = _live_ring(ring_of)
+    ring.release(open_)
+    before = ring.snapshot()
+    with refused("RING-1", match=r"host bytes \[8, 16\) are not unreleased in one reservation"):
+        ring.read_done(open_, True)
+    assert ring.snapshot() == before
 
 
 def test_a_closed_attachment_refuses_every_call_and_others_go_on(shared: Callable[..., HostRing]) -> None:
