@@ -116,6 +116,9 @@ class HostRing:
         # Unreleased bytes, one span per reservation (split by partial releases), sorted.
         self._starts: list[int] = []
         self._ends: list[int] = []
+        # starts of spans that are what is left of a reservation released in part: never
+        # committed (stream offsets never repeat, so one whose span went since is harmless)
+        self._trimmed: set[int] = set()
         self._reads: list[Span] = []  # pending input copies (a multiset)
         self._writes: list[Span] = []  # pending output copies
         self._failed: list[Span] = []  # outputs whose copy failed: never readable
@@ -487,7 +490,7 @@ class HostRing:
         """The bytes of `r` when it may be committed (see `commit`)."""
         self._check_fence()
         self._check_live(r, "RING-4")
-        if not self._whole(r.start, r.end):
+        if not self._whole(r.start, r.end) or r.start in self._trimmed:
             raise RangeError("RING-4", f"host bytes {_fmt(r)} are not one whole unreleased reservation")
         record = self._records.get(r.start)
         if record is not None and record.seq >= 0:
@@ -687,7 +690,8 @@ class HostRing:
     def _snapshot(self) -> tuple[object, ...]:  # the lock held
         records = tuple((r.start, r.end, r.seq, r.taken, r.redelivered) for r in self._records.values())
         queue = tuple(r.seq for r in self._ready)
-        return (*self._bookkeeping(), records, queue, self._next_seq, self._generation, bytes(self._memory))
+        trimmed = tuple(sorted(self._trimmed))
+        return (*self._bookkeeping(), trimmed, records, queue, self._next_seq, self._generation, bytes(self._memory))
 
     def state(self) -> RingState:
         """Its bookkeeping as a value, without the bytes (`restore` takes it back): a model
@@ -704,6 +708,7 @@ class HostRing:
         with self._lock:
             self._head = head
             self._starts, self._ends = list(starts), list(ends)
+            self._trimmed = set()  # (every span is taken for a whole reservation or record)
             self._reads, self._writes, self._failed = list(reads), list(writes), list(failed)
             self._freed.notify_all()
 
@@ -776,6 +781,13 @@ class HostRing:
     def _cut(self, r: HostRange) -> None:
         self._cut_span(r.start, r.start + r.nbytes)
 
+    def _trim(self, start: int) -> None:  # the lock held
+        """The span at `start` is what is left of a reservation released in part. (Starts whose
+        spans went are dropped once there are more of them than spans.)"""
+        if len(self._trimmed) > len(self._starts):
+            self._trimmed.intersection_update(self._starts)
+        self._trimmed.add(start)
+
     def _cut_span(self, start: int, end: int) -> None:
         """Release [start, end), which lies in one unreleased span (what is left of it stays)."""
         i = bisect_right(self._starts, start) - 1
@@ -784,11 +796,14 @@ class HostRing:
         s, e = self._starts[i], self._ends[i]
         if end < e:  # the tail stays
             self._starts[i] = end
+            self._trim(end)
             if s < start:  # and the head: one span becomes two
                 self._starts.insert(i, s)
                 self._ends.insert(i, start)
+                self._trim(s)
         elif s < start:  # the head stays
             self._ends[i] = start
+            self._trim(s)
         else:  # the whole span goes (the usual case)
             del self._starts[i], self._ends[i]
         if self._records:

@@ -1338,13 +1338,33 @@ def test_what_is_left_of_a_reservation_released_in_part_is_not_committed(shared:
     ring = shared(64)
     r = ring.reserve(16)
     ring.release(r.sub(8, 8))
-    with refused("RING-4", match=r"host bytes \[0, 8\) are not a whole reservation of this process"):
+    with refused("RING-4", match=r"host bytes \[0, 8\) are not one whole unreleased reservation"):
         ring.commit(r.sub(0, 8))
     with refused("RING-4", match=r"host bytes \[0, 16\) are not reserved and unreleased in one reservation"):
         ring.commit(r)
     assert ring.stats()["committed"] == 0  # type: ignore[attr-defined]
     ring.release(r.sub(0, 8))
     assert ring.cursor == ring.head == 16 and ring.unreleased() == []
+
+
+@pytest.mark.rejects("RING-4")
+@pytest.mark.parametrize("part", [(8, 8), (0, 8), (4, 4)], ids=["end", "front", "middle"])
+def test_no_ring_commits_what_is_left_of_a_reservation_released_in_part(
+    ring_of: Callable[[int], HostRing], part: tuple[int, int]
+) -> None:
+    """Either kind of ring: a reservation released in part (at its end, its front or in the
+    middle) is no longer one a commit takes, whole or any piece of it; the next one is."""
+    ring = ring_of(64)
+    r = ring.reserve(16)
+    ring.release(r.sub(*part))
+    before = ring.snapshot()
+    for left in [r, *ring.unreleased()]:
+        with refused("RING-4"):
+            ring.commit(left)
+        assert ring.snapshot() == before
+    for left in ring.unreleased():
+        ring.release(left)
+    assert ring.commit(fill(ring, b"n" * 8)) == 0 and ring.cursor == 16
 
 
 @pytest.mark.holds("RING-1")
