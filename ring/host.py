@@ -585,7 +585,8 @@ class HostRing:
         """Run `check` on the bytes of `r` before the next view, array, commit or release of any
         of them, once; what it raises refuses that call, which changes nothing. For the Bridge's
         host-bytes check (devbridge.bridge.hostcheck)."""
-        r = self._bridges(r)
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._range_of_this_ring(r)
         if not callable(check):
             raise InvalidArgumentError("ARG-1", f"a guard's check must be callable, got {short(check)}")
         with self._lock:
@@ -602,7 +603,7 @@ class HostRing:
                 del self._guards[start]
                 check(self.raw(made_range(self, start, stop - start)))
 
-    def _bridges(self, r: object) -> HostRange:
+    def _range_of_this_ring(self, r: object) -> HostRange:
         """`r` when it is a range of this ring, for the calls the Bridge makes after its checks
         (a caller that makes them itself gets RANGE-1 for anything else, not an AttributeError)."""
         r = plain(r)  # type: ignore[arg-type]
@@ -612,32 +613,35 @@ class HostRing:
     def raw(self, r: HostRange) -> memoryview:
         """The bytes of `r` with no checks of its state: for the Bridge, after `check_copy`."""
         if type(r) is not HostRange or r.ring is not self:
-            r = self._bridges(r)
+            r = self._range_of_this_ring(r)
         pos = r.start % self.capacity
         return self._memory[pos : pos + r.nbytes]
 
     def begin_read(self, r: HostRange) -> None:
         """An input copy starts reading `r` (checked by `check_copy` first): its bytes are
         read-only until `end_read` (H2D-3). For the Bridge."""
-        r = self._bridges(r)
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._range_of_this_ring(r)
         with self._lock:
             self._reads.append((r.start, r.end))
 
     def end_read(self, r: HostRange, release: bool) -> None:
         """An input copy is done. On success its bytes are released, except those other
         pending input copies still read (they go when the last of those succeeds)."""
-        r = self._bridges(r)
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._range_of_this_ring(r)
         with self._lock:
-            if (r.start, r.end) not in self._reads:
-                raise InvalidArgumentError("ARG-1", f"no input copy of host bytes {_fmt(r)} began")
-            self._reads.remove((r.start, r.end))
+            try:
+                self._reads.remove((r.start, r.end))
+            except ValueError:
+                raise InvalidArgumentError("ARG-1", f"no input copy of host bytes {_fmt(r)} began") from None
             if release:
                 self._release_read(r)
 
     def read_done(self, r: HostRange, release: bool) -> None:
         """A synchronous input copy read `r` (begin_read and end_read in one)."""
         if type(r) is not HostRange or r.ring is not self:
-            r = self._bridges(r)
+            r = self._range_of_this_ring(r)
         if release:
             self._lock.acquire()  # (not `with`: half its cost, on the per-call path)
             try:
@@ -658,7 +662,8 @@ class HostRing:
     def begin_write(self, r: HostRange) -> None:
         """An output copy starts writing `r` (checked by `check_copy` first): its bytes are not
         readable until `end_write` says they are valid (D2H-3). For the Bridge."""
-        r = self._bridges(r)
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._range_of_this_ring(r)
         with self._lock:
             self._writes.append((r.start, r.end))
             self._failed = _minus(self._failed, (r.start, r.end))
@@ -666,7 +671,7 @@ class HostRing:
     def write_done(self, r: HostRange) -> None:
         """A synchronous output copy wrote `r`: its bytes are valid (begin_write and end_write in one)."""
         if type(r) is not HostRange or r.ring is not self:
-            r = self._bridges(r)
+            r = self._range_of_this_ring(r)
         with self._lock:
             if self._failed:
                 self._failed = _minus(self._failed, (r.start, r.end))
@@ -674,11 +679,13 @@ class HostRing:
     def end_write(self, r: HostRange, valid: bool) -> None:
         """An output copy into `r` is over: its bytes are readable if `valid`, never if it
         failed (COPY-F). For the Bridge."""
-        r = self._bridges(r)
+        if type(r) is not HostRange or r.ring is not self:
+            r = self._range_of_this_ring(r)
         with self._lock:
-            if (r.start, r.end) not in self._writes:
-                raise InvalidArgumentError("ARG-1", f"no output copy into host bytes {_fmt(r)} began")
-            self._writes.remove((r.start, r.end))
+            try:
+                self._writes.remove((r.start, r.end))
+            except ValueError:
+                raise InvalidArgumentError("ARG-1", f"no output copy into host bytes {_fmt(r)} began") from None
             if not valid:
                 self._failed.append((r.start, r.end))
 
