@@ -386,3 +386,16 @@ def test_the_demo_command_reports_the_late_writes_it_caught(capsys: pytest.Captu
     assert n > 0 and caught.startswith(f"late writes injected {n}: caught {n}, missed 0, false reports 0")
     assert out[-1] == "lost: 0  duplicated: 0  wrong: 0"
     assert main(["demo", "--backend", "fake", "--objects", "200", "--inject-late-writes", "0.05"]) == 1  # missed
+
+
+def test_restart_every_counts_exactly_one_restart_per_k_objects_delivered_while_more_remain() -> None:
+    """One object in flight at a time (`window=1`) and a restart due after every object: each
+    delivery leaves no job in flight, and a restart still follows it while objects remain: 4
+    for 5 objects (none after the last), each a generation of its own."""
+    fake = FakeBackend()
+    worker = Worker(fake, 5, seed=4, window=1, restart_every=1, pump=fake_pump(fake, 4))
+    worker.run()
+    summary = worker.summary(1.0, "fake")
+    assert summary.clean and (summary.objects, summary.lost, summary.duplicated) == (5, 0, 0)
+    assert summary.restarts == 4
+    assert worker.bridge.stats().generation == 4  # (from 0)
