@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import time
 from collections import deque
@@ -25,12 +26,23 @@ from types import FrameType
 from typing import Any
 
 from devbridge.args import as_seconds, count
-from devbridge.errors import BridgeError, InvalidArgumentError
+from devbridge.errors import BridgeError, InvalidArgumentError, short
 from devbridge.ring.host import HostRing
+from devbridge.ring.segment import segment_path
 
 SPAWN = multiprocessing.get_context("spawn")
 #: How long `stop` waits for a child to end after SIGTERM before it sends SIGKILL.
 TERM_GRACE_S = 2.0
+#: The longest one wait of `check` for a child to end (the system's wait takes milliseconds
+#: as a C int: about 24 days); a longer timeout waits in steps of it.
+_WAIT_STEP_S = 86400.0
+
+
+def _name(name: object) -> str:
+    """A child's name; ARG-1 for what is not a str."""
+    if type(name) is not str:
+        raise InvalidArgumentError("ARG-1", f"a child's name must be a str, got {short(name)}")
+    return name
 
 
 class TooManyRestarts(RuntimeError):
@@ -66,6 +78,10 @@ class Supervisor:
         max_restarts: int = 100,
         window: float = 60.0,
     ) -> None:
+        if type(rings) not in (tuple, list):
+            raise InvalidArgumentError("ARG-1", f"rings must be a tuple of ring names, got {short(rings)}")
+        for name in rings:
+            segment_path(name)  # (ARG-1 for what names no ring)
         self.rings = tuple(rings)
         self.backoff = as_seconds(backoff, "backoff")
         self.max_backoff = as_seconds(max_backoff, "max_backoff")
@@ -77,16 +93,25 @@ class Supervisor:
     # ------------------------------------------------------------ children
 
     def spawn(self, name: str, target: Callable[..., Any], *args: Any, restart: bool = False) -> int:
-        """Start `target(*args)` in a new process named `name`; its pid. ARG-1 for a name in use."""
-        if name in self._children:
+        """Start `target(*args)` in a new process named `name`; its pid. ARG-1 for a name in use, a
+        target that is not callable, and a target or arguments that do not pickle (`spawn`
+        starts a fresh interpreter: a lambda or a nested function does not reach it)."""
+        if _name(name) in self._children:
             raise InvalidArgumentError("ARG-1", f"a child named {name!r} is running under this supervisor")
+        if not callable(target):
+            raise InvalidArgumentError("ARG-1", f"a child's target must be callable, got {short(target)}")
+        if type(restart) is not bool:
+            raise InvalidArgumentError("ARG-1", f"restart must be a bool, got {short(restart)}")
         child = _Child(name, target, args, restart, self._start(name, target, args))
         self._children[name] = child
         return int(child.process.pid)
 
     def _start(self, name: str, target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         process = SPAWN.Process(target=target, args=args, name=name, daemon=True)
-        process.start()
+        try:
+            process.start()  # (the target and its arguments are pickled before a process exists)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise InvalidArgumentError("ARG-1", f"child {name!r}: its target or arguments do not pickle: {e}") from None
         return process
 
     def pid(self, name: str) -> int | None:
@@ -110,8 +135,11 @@ class Supervisor:
         return None if process is None or process.is_alive() else process.exitcode
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to child `name`'s current process (SIGKILL: `check` starts it again)."""
+        """Send `sig` to child `name`'s current process (SIGKILL: `check` starts it again); ARG-1
+        for what is no signal."""
         process = self._child(name).process
+        if type(sig) not in (int, signal.Signals) or sig not in signal.valid_signals():
+            raise InvalidArgumentError("ARG-1", f"sig must be a signal number, got {short(sig)}")
         if process is not None and process.is_alive():
             os.kill(process.pid, sig)
 
@@ -134,8 +162,9 @@ class Supervisor:
         sentinels = [c.process.sentinel for c in self._children.values() if c.process is not None]
         sentinels += [p.sentinel for p in self._detached]
         wait = min([as_seconds(timeout, "timeout"), *(max(w, 0.0) for w in waits)])
-        if sentinels and wait > 0:
-            multiprocessing.connection.wait(sentinels, wait)
+        end = now + wait
+        while sentinels and wait > 0 and not multiprocessing.connection.wait(sentinels, min(wait, _WAIT_STEP_S)):
+            wait = end - time.monotonic()
         for process in [p for p in self._detached if not p.is_alive()]:
             process.join()
             self._detached.remove(process)
@@ -163,7 +192,7 @@ class Supervisor:
         child.process, child.next_start = None, now + delay
 
     def _child(self, name: str) -> _Child:
-        child = self._children.get(name)
+        child = self._children.get(_name(name))
         if child is None:
             raise InvalidArgumentError("ARG-1", f"no child is named {name!r}")
         return child

@@ -136,3 +136,64 @@ def test_names_are_one_child_each_and_known() -> None:
         supervisor.spawn("a", supervised.sleeper, os.devnull)
         with pytest.raises(InvalidArgumentError, match="a child named 'a' is running"):
             supervisor.spawn("a", supervised.sleeper, os.devnull)
+
+
+JUNK = [None, True, 0, -1, 2**64, 1.5, float("nan"), b"x", [], {}, object()]
+
+
+@pytest.mark.parametrize("rings", ["jobs", b"jobs", None, 7, {"jobs": 1}, ("jobs", 3), ["ok", "a/b"], ("",)], ids=repr)
+def test_rings_that_name_no_ring_are_refused_when_the_supervisor_is_made(rings: object) -> None:
+    """A name alone is not a tuple of names: unlinked at the end, "jobs" would be four rings
+    named by its letters (each a segment another program may own)."""
+    with pytest.raises(InvalidArgumentError) as info:
+        Supervisor(rings=rings)  # type: ignore[arg-type]
+    assert info.value.rule == "ARG-1"
+
+
+def test_a_bad_name_target_restart_or_signal_is_refused_and_starts_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "starts.log"
+    with Supervisor() as supervisor:
+        supervisor.spawn("a", supervised.sleeper, str(log))
+        wait_for(lambda: len(starts(log)) == 1)
+        calls = [
+            *(lambda j=j: supervisor.spawn(j, supervised.sleeper, str(log)) for j in JUNK),  # type: ignore[arg-type]
+            *(lambda j=j: supervisor.spawn("b", j, str(log)) for j in (None, 3, "supervised.sleeper")),  # type: ignore[arg-type]
+            *(lambda j=j: supervisor.spawn("b", supervised.sleeper, str(log), restart=j) for j in (1, "yes", None)),  # type: ignore[arg-type]
+            lambda: supervisor.spawn("b", lambda: None),  # a lambda does not reach a fresh interpreter
+            lambda: supervisor.spawn("b", supervised.sleeper, threading_lock()),  # nor does a lock
+            *(
+                lambda j=j, m=m: getattr(supervisor, m)(j)
+                for j in JUNK
+                for m in ("pid", "restarts", "running", "exitcode", "kill", "replace")
+            ),
+            *(lambda j=j: supervisor.kill("a", j) for j in (None, "KILL", 1.0, -1, 0, 65, 999, 2**64, True)),  # type: ignore[arg-type]
+        ]
+        for call in calls:
+            with pytest.raises(InvalidArgumentError) as info:
+                call()
+            assert info.value.rule == "ARG-1"
+        supervisor.check(timeout=0.2)
+        assert supervisor.running("a") and supervisor.restarts("a") == 0 and len(starts(log)) == 1
+        with pytest.raises(InvalidArgumentError, match="no child is named 'b'"):
+            supervisor.pid("b")  # none of the refused spawns left a child behind
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 2**64, 1e300])
+def test_a_check_that_may_wait_for_ever_returns_when_a_child_ends(tmp_path: Path, timeout: float) -> None:
+    log = tmp_path / "starts.log"
+    with Supervisor() as supervisor:
+        supervisor.spawn("a", supervised.sleeper, str(log))
+        wait_for(lambda: len(starts(log)) == 1)
+        supervisor.kill("a", signal.SIGTERM)
+        began = time.monotonic()
+        supervisor.check(timeout=timeout)  # woken by the child's end, not by the clock
+        assert time.monotonic() - began < 20
+        # (its end closes the sentinel a moment before the kernel lets it be reaped)
+        wait_for(lambda: supervisor.exitcode("a") is not None, supervisor)
+        assert supervisor.exitcode("a") == -signal.SIGTERM and not supervisor.running("a")
+
+
+def threading_lock() -> object:
+    import threading
+
+    return threading.Lock()
