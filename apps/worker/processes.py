@@ -52,7 +52,7 @@ from devbridge.apps.worker.workload import (
 from devbridge.args import count, refuse
 from devbridge.backends.base import Backend
 from devbridge.bridge.trace import Trace, TraceClock, ends_of_open, read_cut
-from devbridge.errors import BridgeError, RingFullError, StaleHandleError, WaitTimeoutError, short
+from devbridge.errors import BridgeError, InvalidArgumentError, RingFullError, StaleHandleError, WaitTimeoutError, short
 from devbridge.ring.host import HostRange, HostRing
 from devbridge.ring.shared import RECLAIM_EVERY_S, SharedRing
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
@@ -319,6 +319,9 @@ class WorkerSpec:
     #: every core waits for its slowest part, which any other process on a core delays.
     kernel_threads: int | None = 1
     trace_dir: str | None = None  # each worker process writes its bridge's timeline there
+    #: where a worker whose backend cannot be made (a device that does not open) leaves why,
+    #: for the run to end with that error instead of starting it again and again
+    failed: Any = None  # a shared char array of the run's
 
 
 def _part(trace_dir: str, name: str) -> Trace:
@@ -370,7 +373,13 @@ def work(spec: WorkerSpec, counters: Any, stop: Any, make: Callable[..., RingWor
     quiet: Callable[[], None] | None = None
     try:
         feed = RingFeed(spec.plan, inputs, outputs, counters, stop, spec.index)
-        inner = make_backend(spec.backend, spec.device)
+        try:
+            inner = make_backend(spec.backend, spec.device)
+        except InvalidArgumentError as e:  # a configuration no restart mends: the run ends with it
+            if spec.failed is None:
+                raise
+            spec.failed.value = e.detail.encode()[: len(spec.failed) - 1]
+            return
         pump = fake_pump(inner, spec.fault_seed) if isinstance(inner, FakeBackend) else None
         backend: Backend = inner
         injected: Callable[[], int] = lambda: 0  # noqa: E731
@@ -578,6 +587,7 @@ def _run_processes(
     counters = SPAWN.RawArray("q", ROWS * len(FIELDS))
     stop, finish, delivered = SPAWN.RawValue("b", 0), SPAWN.RawValue("b", 0), SPAWN.RawValue("q", 0)
     receive, send = SPAWN.Pipe(duplex=False)
+    failed = SPAWN.RawArray("c", 1024)
     rings: list[tuple[SharedRing, SharedRing]] = []
     kills_allowed = objects // kill_every if kill_every else 0
     # intended kills are deaths too: the backoff stays short, and the limit above them
@@ -603,13 +613,19 @@ def _run_processes(
         for d, ((i, o), device) in enumerate(zip(names, devices, strict=True)):
             workers.append(f"worker-{d}")
             spec = WorkerSpec(
-                plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], d, trace_dir=trace_dir
-            )
+                plan, i, o, backend, device, faults, restart_every, seed + d, workers[-1], d,
+                trace_dir=trace_dir, failed=failed,
+            )  # fmt: skip
             supervisor.spawn(workers[-1], work_target, spec, counters, stop, restart=True)
         next_kill, next_hang, shown = kill_every, hang_every, 0
         producers = [f"producer-{p}" for p in range(processes)]
         while delivered.value < objects:
             supervisor.check(timeout=0.01)
+            if failed.value:  # a worker's backend cannot be made: the rings and children go on the way out
+                for pair in rings:
+                    for ring in pair:
+                        ring.close()
+                raise InvalidArgumentError("ARG-1", failed.value.decode(errors="replace"))
             if not supervisor.running("collector") or any(supervisor.exitcode(p) for p in producers):
                 break  # (what never came is reported lost)
             done = delivered.value

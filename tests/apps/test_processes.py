@@ -150,6 +150,13 @@ def process_state(pid: int) -> bytes:
         return b"X"
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def children_of(pid: int) -> set[int]:
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -219,6 +226,21 @@ def test_bad_options_are_refused_before_any_process_or_ring(options: dict[str, o
     with refused("ARG-1", InvalidArgumentError):
         run_processes(**{"objects": 10, "backend": "fake", **options})  # type: ignore[arg-type]
     assert demo_segments() == set() and children_of(os.getpid()) == before
+
+
+@pytest.mark.rejects("ARG-1")
+@pytest.mark.parametrize("devices", [["NOPE"], ["CPU", "NOPE"]], ids=str)
+def test_a_device_that_does_not_open_ends_the_run_with_its_error(devices: list[str]) -> None:
+    """A worker whose device does not open would fail again at every start: the run ends with
+    its ARG-1 at once (it restarted the worker for ever), every child reaped, every ring gone."""
+    before = children_of(os.getpid())
+    began = time.monotonic()
+    with refused("ARG-1", InvalidArgumentError, match="tinygrad cannot open device 'NOPE'"):
+        run_processes(objects=20, processes=1, backend="tinygrad", devices=devices)  # type: ignore[arg-type]
+    assert time.monotonic() - began < 60
+    # (the first process `spawn` starts also starts multiprocessing's resource tracker, for good)
+    left = {c for c in children_of(os.getpid()) - before if b"resource_tracker" not in cmdline(c)}
+    assert demo_segments() == set() and left == set()
 
 
 @pytest.mark.parametrize(
