@@ -4,6 +4,7 @@ same timeline as a PNG for a README or an issue (`devbridge trace FILE --png OUT
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from devbridge.bridge.trace import MEMORY, check_trace
+from devbridge.errors import short
 from devbridge.spec import load
 
 #: Rows of allocations drawn at most (the first ones to appear); the rest are counted in the title.
@@ -30,10 +32,50 @@ class Timeline:
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
-    """The events of a trace file (one `close()` ended, or one a killed process left unterminated)."""
+    """The events of a trace file (one `close()` ended, or one a killed process left
+    unterminated), each of the shape the trace writes; ValueError naming the first that is not
+    (a trace is read as untrusted input: the file may be anything)."""
     text = Path(path).read_text().rstrip()
-    events: list[dict[str, Any]] = json.loads(text if text.endswith("]") else text.rstrip(",") + "\n]")
+    # (JSON text that ends in "]" and parses is a list)
+    events: list[Any] = json.loads(text if text.endswith("]") else text.rstrip(",") + "\n]")
+    for n, event in enumerate(events):
+        wrong = _wrong(event)
+        if wrong:
+            raise ValueError(f"event {n} is no trace event: {wrong}")
     return events
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+#: The fields every event has and what each holds; then the fields some have.
+_FIELDS = {"ph": str, "name": str, "pid": int, "tid": int}
+_OPTIONAL = {"cat": str, "s": str, "bp": str, "args": dict}
+
+
+def _wrong(event: object) -> str:
+    """What is wrong with one event, or "" (the fields the readers here use, by type)."""
+    if not isinstance(event, dict):
+        return f"{type(event).__name__}, not an object"
+    for name, kind in _FIELDS.items():
+        if type(event.get(name)) is not kind:
+            return f"its {name!r} is {short(event.get(name))}, not {kind.__name__}"
+    for name, kind in _OPTIONAL.items():
+        if name in event and type(event[name]) is not kind:
+            return f"its {name!r} is {short(event[name])}, not {kind.__name__}"
+    if not _number(event.get("ts")):
+        return f"its 'ts' is {short(event.get('ts'))}, not a finite number"
+    if "id" in event and type(event["id"]) not in (int, str, type(None)):
+        return f"its 'id' is {short(event['id'])}"
+    if event["ph"] in ("b", "e") and "cat" not in event:
+        return "an async event with no 'cat'"
+    args = event.get("args", {})
+    if event["ph"] == "M" and event["name"] == "process_name" and type(args.get("name")) is not str:
+        return "a process name with no 'name' in its args"
+    if event["ph"] == "C" and event["name"] == MEMORY and type(args.get("bytes")) is not int:
+        return "a memory counter with no 'bytes' in its args"
+    return ""
 
 
 def problems(events: list[dict[str, Any]]) -> list[str]:
@@ -138,7 +180,7 @@ def command(path: str, *, check: bool = False, png: str | None = None) -> int:
     any); `png`: its picture. Exit 2 when the file cannot be read or matplotlib is missing."""
     try:
         events = read(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # (JSON nested past the parser's depth)
         print(f"devbridge trace: cannot read {path}: {e}", file=sys.stderr)
         return 2
     print(summary(events))

@@ -66,3 +66,40 @@ def test_the_docs_show_a_drawing_of_a_demo_with_faults_and_restarts() -> None:
     page = (ROOT / "docs" / "guides" / "tracing.md").read_text()
     assert "![" in page and "(tracing.png)" in page
     assert (ROOT / "docs" / "guides" / "tracing.png").read_bytes().startswith(PNG)
+
+
+GOOD = {"ph": "b", "name": "copy_in", "cat": "copy_in", "id": 3, "pid": 7, "tid": 1001, "ts": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ([1, 2], "event 0 is no trace event: int, not an object"),
+        ("[" * 100_000 + "]" * 100_000, "maximum recursion depth exceeded"),
+        ({"traceEvents": []}, "Extra data"),  # (a trace is a list: its closing bracket is looked for)
+        ([GOOD, {**GOOD, "name": 5}], "event 1 is no trace event: its 'name' is 5, not str"),
+        ([{**GOOD, "pid": []}], "its 'pid' is [], not int"),
+        ([{**GOOD, "tid": True}], "its 'tid' is True, not int"),
+        ([{**GOOD, "ts": "later"}], "its 'ts' is 'later', not a finite number"),
+        ([{**GOOD, "id": [1]}], "its 'id' is [1]"),
+        ([{k: v for k, v in GOOD.items() if k != "cat"}], "an async event with no 'cat'"),
+        ([{**GOOD, "args": 4}], "its 'args' is 4, not dict"),
+        ([{**GOOD, "ph": "M", "name": "process_name", "args": {}}], "a process name with no 'name' in its args"),
+        (
+            [{**GOOD, "ph": "C", "name": "device bytes in use", "args": {"bytes": "x"}}],
+            "memory counter with no 'bytes'",
+        ),
+    ],
+)
+def test_a_file_of_other_events_is_refused_naming_the_first_wrong_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: object, why: str
+) -> None:
+    """A trace file is read as untrusted input: every command exits 2 with one line, never a
+    Python error from deep in the summary, the check or the drawing."""
+    path = tmp_path / "t.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    for flags in ([], ["--check"], ["--png", str(tmp_path / "t.png")]):
+        assert main(["trace", str(path), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"devbridge trace: cannot read {path}: ") and why in err[0], err
+    assert not (tmp_path / "t.png").exists()
