@@ -373,3 +373,23 @@ def test_a_reservation_that_does_not_fit_waits_only_when_asked_to(timeout: float
         ring.reserve(8, **kwargs)
     assert full.value.rule == "RING-2" and waited == ([None] if timeout is None else [])
     assert ring.unreleased() == [held]
+
+
+def test_an_in_process_ring_counts_the_records_it_delivers_again() -> None:
+    """`ring.redelivered`: records a consumer took and did not release whole, given again to the
+    next (0 on a new ring; a record released whole is not counted, one released in part is)."""
+    ring = HostRing(64)
+    assert ring.redelivered == 0
+    for i in range(3):
+        r = ring.reserve(8)
+        ring.write(r, bytes([i]) * 8)
+        ring.commit(r)
+    ring.consume()
+    first, second, third = (ring.take(timeout=1) for _ in range(3))
+    ring.release(second)
+    ring.release(first.sub(0, 4))
+    ring.consume()
+    assert ring.redelivered == 2
+    again = [ring.take(timeout=1) for _ in range(2)]
+    assert [(r.seq, r.redelivered) for r in again] == [(0, True), (2, True)]
+    assert (third.seq, ring.redelivered) == (2, 2)
