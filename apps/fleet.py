@@ -24,6 +24,7 @@ import io
 import itertools
 import json
 import os
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from devbridge.apps.tally import Delivery, Tally
-from devbridge.apps.worker.drivers import check_demo, device_worker
+from devbridge.apps.worker.drivers import check_demo, check_run, device_worker
 from devbridge.args import count, refuse
 from devbridge.bridge.trace import Trace, TraceClock
+from devbridge.errors import short
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
@@ -159,8 +161,9 @@ def run_fleet(
     check_fleet(workers, batch, kill_every)
     if devices is None:
         devices = [f"CPU:{i}" for i in range(workers)] if backend == "tinygrad" else [None]
-    if not devices:
-        refuse("devices must name at least one device")
+    devices, seed = check_run(backend, devices, progress, seed)
+    if address is not None and type(address) is not str:
+        refuse(f"address must be None or a Ray address, got {short(address)}")
     ray = ray_module()
     timeline = None if trace is None else Trace(trace)  # a path that cannot be made: ARG-1, before Ray starts
     with contextlib.closing(timeline) if timeline is not None else contextlib.nullcontext():
@@ -213,7 +216,14 @@ def _drive(
     kills = replaced = redelivered = restarts = victim = 0
     next_kill = kill_every
     killed: list[Any] = []  # actors killed mid-run, waited for with the others at the end
-    ray.get([actor.ready.remote() for actor in actors])  # the clock starts with every actor up
+    try:
+        ray.get([actor.ready.remote() for actor in actors])  # the clock starts with every actor up
+    except ray.exceptions.RayActorError as e:  # one that cannot start (a device that does not open) never will
+        if not getattr(e, "actor_init_failed", False):
+            raise
+        last = ([line.strip() for line in str(getattr(e, "error_msg", "")).splitlines() if line.strip()] or [""])[-1]
+        typed = re.fullmatch(r"[\w.]+Error: \[[\w-]+\] (.*) \(see [^()]*\)", last)  # our error's own words
+        refuse(f"an actor of the fleet could not start: {typed.group(1) if typed else last or e}")
     start = time.perf_counter()
     while queue or running:
         busy = {slot for slot, _ in running.values()}

@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 
 from devbridge.apps.backends import make_backend
 from devbridge.apps.worker.pipeline import Summary, Worker
-from devbridge.args import count, probability
+from devbridge.args import count, probability, refuse
 from devbridge.backends.base import Backend
 from devbridge.bridge.trace import Trace
+from devbridge.errors import short
 from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 
 #: What `--faults` fails at random: allocations, copies, frees and event queries.
@@ -22,6 +23,23 @@ def check_demo(objects: object, faults: object, restart_every: object, batch: ob
     probability("faults", faults)
     count("restart_every", restart_every, note=" (0: never)")
     count("batch", batch, least=1)
+
+
+def check_run(backend: object, devices: object, progress: object, seed: object) -> tuple[list[str | None], int]:
+    """The options a run across processes or actors shares (ARG-1), checked before anything
+    starts; the devices as a list, and the seed."""
+    if backend not in ("fake", "tinygrad"):
+        refuse(f"backend must be 'fake' or 'tinygrad', got {short(backend)}")
+    named = list(devices) if isinstance(devices, list | tuple) else []
+    if not named or not all(d is None or (type(d) is str and d) for d in named):
+        refuse(f"devices must be a non-empty list of device names (None: tinygrad's default), got {short(devices)}")
+    if backend == "fake" and any(d is not None for d in named):
+        refuse(f"the fake backend has no devices: each must be None, got {short(devices)}")
+    if progress is not None and not callable(progress):
+        refuse(f"progress must be callable, got {short(progress)}")
+    if type(seed) is not int:
+        refuse(f"seed must be an int, got {short(seed)}")
+    return named, seed
 
 
 def backend_name(backend: Backend) -> str:

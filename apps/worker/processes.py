@@ -36,7 +36,7 @@ import numpy as np
 from devbridge.apps.backends import make_backend
 from devbridge.apps.supervisor import SPAWN, Supervisor
 from devbridge.apps.tally import Delivery, Tally
-from devbridge.apps.worker.drivers import RANDOM_FAULTS, check_demo
+from devbridge.apps.worker.drivers import RANDOM_FAULTS, check_demo, check_run
 from devbridge.apps.worker.jobs import Job
 from devbridge.apps.worker.pipeline import Worker
 from devbridge.apps.worker.workload import (
@@ -542,25 +542,15 @@ def _checked(
 ) -> tuple[int, int, int, int, int, list[str | None]]:
     """The run's options, checked before any process or ring is made (ARG-1)."""
     check_demo(objects, faults, restart_every, batch)
-    if backend not in ("fake", "tinygrad"):
-        refuse(f"backend must be 'fake' or 'tinygrad', got {short(backend)}")
-    named = list(devices) if isinstance(devices, list | tuple) else []
-    if not named or not all(d is None or (type(d) is str and d) for d in named):
-        refuse(f"devices must be a non-empty list of device names (None: tinygrad's default), got {short(devices)}")
-    if backend == "fake" and any(d is not None for d in named):
-        refuse(f"the fake backend has no devices: each must be None, got {short(devices)}")
+    named, seed_n = check_run(backend, devices, progress, seed)
     if backend != "fake" and len(set(named)) != len(named):
         refuse(f"devices must be distinct, got {short(devices)}")
-    if progress is not None and not callable(progress):
-        refuse(f"progress must be callable, got {short(progress)}")
-    if type(seed) is not int:
-        refuse(f"seed must be an int, got {short(seed)}")
     return (
         count("objects", objects, least=1),
         count("processes", processes, least=1),
         count("kill_every", kill_every, note=" (0: never)"),
         count("hang_every", hang_every, note=" (0: never)"),
-        seed,
+        seed_n,
         named,
     )
 

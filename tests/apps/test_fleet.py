@@ -97,7 +97,17 @@ def test_a_batch_that_always_fails_is_tried_a_bounded_number_of_times(cluster: N
         ({"batch": 0}, "batch must be an int >= 1, got 0"),
         ({"kill_every": -1}, "kill_every must be an int >= 0, got -1"),
         ({"objects": 0}, "objects must be an int >= 1, got 0"),
-        ({"devices": []}, "devices must name at least one device"),
+        ({"devices": []}, "devices must be a non-empty list of device names (None: tinygrad's default), got []"),
+        ({"devices": "CPU"}, "devices must be a non-empty list of device names (None: tinygrad's default), got 'CPU'"),
+        (
+            {"backend": "tinygrad", "devices": [3]},
+            "devices must be a non-empty list of device names (None: tinygrad's default), got [3]",
+        ),
+        ({"devices": ["CPU"]}, "the fake backend has no devices: each must be None, got ['CPU']"),
+        ({"backend": "cuda"}, "backend must be 'fake' or 'tinygrad', got 'cuda'"),
+        ({"address": 5}, "address must be None or a Ray address, got 5"),
+        ({"progress": 5}, "progress must be callable, got 5"),
+        ({"seed": "x"}, "seed must be an int, got 'x'"),
     ],
 )
 def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], detail: str) -> None:
@@ -106,6 +116,14 @@ def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], deta
         run_fleet(**{"backend": "fake", **options})
     assert refused.value.rule == "ARG-1" and refused.value.detail == detail
     assert ray.is_initialized() == started
+
+
+def test_a_device_that_does_not_open_ends_the_run_with_its_error(cluster: None) -> None:
+    """Its actor fails as it is made, and would each time: the run ends with ARG-1 naming why."""
+    with pytest.raises(InvalidArgumentError) as refused:
+        run_fleet(objects=4, workers=1, backend="tinygrad", devices=["NOPE"], batch=2)
+    assert refused.value.rule == "ARG-1"
+    assert refused.value.detail.startswith("an actor of the fleet could not start: tinygrad cannot open device 'NOPE'")
 
 
 def test_without_ray_the_fleet_says_how_to_get_it(capsys: pytest.CaptureFixture[str]) -> None:

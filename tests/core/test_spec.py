@@ -165,3 +165,29 @@ def test_load_reads_a_spec_file(tmp_path: Any) -> None:
     path = tmp_path / "lifecycle.toml"
     path.write_bytes(SPEC_PATH.read_bytes())
     assert load(path) == load()
+
+
+ERRORS = sorted(
+    (c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.BridgeError)),
+    key=lambda c: c.__name__,
+)
+
+
+@pytest.mark.parametrize("kind", ERRORS, ids=lambda c: c.__name__)
+def test_every_error_pickles_to_another_process_as_itself(kind: type[errors.BridgeError]) -> None:
+    """An error crosses to another process (a multiprocessing pipe, a Ray task's failure) as the
+    same class with the same rule, detail, message and notes: an Exception pickles as
+    `cls(*args)`, and a BridgeError is made from a rule and a detail, not its one message."""
+    import pickle
+
+    from devbridge import HostRing
+
+    error = kind("ARG-1", "what went wrong")
+    error.add_note("a note")
+    if isinstance(error, errors.HostBytesChangedError):  # its fields; a range of a ring goes as its repr
+        error = kind("H2D-3", "changed", copy="the copy", range=HostRing(16).reserve(8), offset=3)  # type: ignore[call-arg]
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is kind and (back.rule, back.detail, str(back)) == (error.rule, error.detail, str(error))
+    assert getattr(back, "__notes__", None) == getattr(error, "__notes__", None)
+    if isinstance(error, errors.HostBytesChangedError):
+        assert (back.copy, back.range, back.offset) == ("the copy", "HostRange(start=0, nbytes=8)", 3)
