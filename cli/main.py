@@ -207,6 +207,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
+    from devbridge.errors import InvalidArgumentError
+
+    try:
+        return run_command(args)
+    except InvalidArgumentError as e:  # an option the run found wrong only once it began (a trace file
+        return usage_error(args.command, e.detail)  # that cannot be made there, say): one line, as argparse's
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command (every command but docs and bench, which parse their own options)."""
     if args.command == "check":
         from devbridge.cli.check import run_check
 

@@ -60,6 +60,10 @@ BAD_OPTIONS = [
     (["demo", "--inject-late-writes", "1.5"], "argument --inject-late-writes: "),
     (["demo", "--check-host-bytes", "--processes", "1"], "--check-host-bytes and --inject-late-writes run one worker"),
     (["demo", "--inject-late-writes", "0.1", "--device", "CPU:0,CPU:1"], "--inject-late-writes run one worker"),
+    # a trace file that cannot be made where a writable-looking directory is: found once the run begins
+    (["demo", "--backend", "fake", "--objects", "3", "--trace", "/proc/x"], "trace: cannot create '/proc/x'"),
+    (["demo", "--backend", "fake", "--processes", "1", "--trace", "/proc/x"], "trace: cannot create '/proc/x'"),
+    (["example", "--trace", "/proc/x"], "trace: cannot create '/proc/x'"),
 ]
 
 
