@@ -36,12 +36,14 @@ def as_count(value: object) -> int | None:
     return None
 
 
-def count(name: str, value: object, least: int = 0, note: str = "") -> int:
-    """`value` as an int >= least (numpy integers included, bool not); ARG-1 otherwise. `note`
-    follows the bound in the message (what a value means, say)."""
+def count(name: str, value: object, least: int = 0, note: str = "", most: int | None = None) -> int:
+    """`value` as an int >= least (and <= most, if given; numpy integers included, bool not);
+    ARG-1 otherwise. `note` follows the bound in the message (what a value means, say)."""
     n = as_count(value)
     if n is None or n < least:
         refuse(f"{name} must be an int >= {least}{note}, got {short(value)}")
+    if most is not None and n > most:
+        refuse(f"{name} must be an int <= {most}{note}, got {short(value)}")
     return n
 
 

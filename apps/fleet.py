@@ -157,11 +157,11 @@ def run_fleet(
     goes to another actor and a new one takes its place. With `trace` (a path), one timeline
     of the run (devbridge.bridge.trace): the driver's batches and kills, and each batch's bridge as
     its own process (the timeline of a batch whose actor died goes with it)."""
-    check_demo(objects, faults, restart_every)
+    check_demo(objects, faults, restart_every, 1, seed, progress)
     check_fleet(workers, batch, kill_every)
     if devices is None:
         devices = [f"CPU:{i}" for i in range(workers)] if backend == "tinygrad" else [None]
-    devices, seed = check_run(backend, devices, progress, seed)
+    devices = check_run(backend, devices)
     if address is not None and type(address) is not str:
         refuse(f"address must be None or a Ray address, got {short(address)}")
     ray = ray_module()

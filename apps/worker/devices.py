@@ -64,9 +64,12 @@ def run_devices(
     are tallied per object across devices. With `trace` (a path), every bridge writes its
     tracks into that one timeline (devbridge.bridge.trace). Each worker moves its objects `batch` at a
     time."""
-    check_demo(objects, faults, restart_every, batch)
-    if not devices or len(set(devices)) != len(devices) or any(type(d) is not str for d in devices):
+    check_demo(objects, faults, restart_every, batch, seed, progress)
+    named = list(devices) if isinstance(devices, list | tuple) else []
+    if not named or any(type(d) is not str for d in named) or len(set(named)) != len(named):
         refuse(f"devices must be distinct names, got {short(devices)}")
+    if make is not None and not callable(make):
+        refuse(f"make must be callable, got {short(make)}")
     make = make or (lambda device: make_backend(backend, None if backend == "fake" else device))
     timeline = None if trace is None else Trace(trace)
     try:

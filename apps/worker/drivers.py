@@ -17,17 +17,27 @@ from devbridge.testing import FakeBackend, FaultyBackend, fake_pump
 RANDOM_FAULTS = ("alloc", "copy_in", "copy_out", "free", "query")
 
 
-def check_demo(objects: object, faults: object, restart_every: object, batch: object = 1) -> None:
+#: The most objects a run makes, and objects a batch holds (far past any run's; a larger
+#: number overflows a C size on the way).
+MAX_OBJECTS, MAX_BATCH = 1 << 40, 1 << 16
+
+
+def check_demo(
+    objects: object, faults: object, restart_every: object, batch: object = 1, seed: object = 0, progress: object = None
+) -> None:
     """The demo's options, checked before anything starts (ARG-1): a bad one would spin forever."""
-    count("objects", objects, least=1)
+    count("objects", objects, least=1, most=MAX_OBJECTS)
     probability("faults", faults)
     count("restart_every", restart_every, note=" (0: never)")
-    count("batch", batch, least=1)
+    count("batch", batch, least=1, most=MAX_BATCH)
+    count("seed", seed)
+    if progress is not None and not callable(progress):
+        refuse(f"progress must be callable, got {short(progress)}")
 
 
-def check_run(backend: object, devices: object, progress: object, seed: object) -> tuple[list[str | None], int]:
-    """The options a run across processes or actors shares (ARG-1), checked before anything
-    starts; the devices as a list, and the seed."""
+def check_run(backend: object, devices: object) -> list[str | None]:
+    """The backend and devices of a run across processes or actors (ARG-1), checked before
+    anything starts; the devices as a list."""
     if backend not in ("fake", "tinygrad"):
         refuse(f"backend must be 'fake' or 'tinygrad', got {short(backend)}")
     named = list(devices) if isinstance(devices, list | tuple) else []
@@ -35,11 +45,7 @@ def check_run(backend: object, devices: object, progress: object, seed: object) 
         refuse(f"devices must be a non-empty list of device names (None: tinygrad's default), got {short(devices)}")
     if backend == "fake" and any(d is not None for d in named):
         refuse(f"the fake backend has no devices: each must be None, got {short(devices)}")
-    if progress is not None and not callable(progress):
-        refuse(f"progress must be callable, got {short(progress)}")
-    if type(seed) is not int:
-        refuse(f"seed must be an int, got {short(seed)}")
-    return named, seed
+    return named
 
 
 def backend_name(backend: Backend) -> str:
@@ -69,7 +75,7 @@ def run_demo(
     `check_host_bytes`: the bridge's checking mode (None: the environment's say); `late_writes`:
     the share of uploads whose input is written into under them, on purpose (Worker).
     Raises WorkerStalled if the backend fails for good."""
-    check_demo(objects, faults, restart_every, batch)
+    check_demo(objects, faults, restart_every, batch, seed, progress)
     timeline = None if trace is None else Trace(trace)
     try:
         inner = make_backend(backend, device) if isinstance(backend, str) else backend

@@ -541,8 +541,8 @@ def _checked(
     progress: object,
 ) -> tuple[int, int, int, int, int, list[str | None]]:
     """The run's options, checked before any process or ring is made (ARG-1)."""
-    check_demo(objects, faults, restart_every, batch)
-    named, seed_n = check_run(backend, devices, progress, seed)
+    check_demo(objects, faults, restart_every, batch, seed, progress)
+    named = check_run(backend, devices)
     if backend != "fake" and len(set(named)) != len(named):
         refuse(f"devices must be distinct, got {short(devices)}")
     return (
@@ -550,7 +550,7 @@ def _checked(
         count("processes", processes, least=1),
         count("kill_every", kill_every, note=" (0: never)"),
         count("hang_every", hang_every, note=" (0: never)"),
-        seed_n,
+        count("seed", seed),
         named,
     )
 

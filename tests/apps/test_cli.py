@@ -109,6 +109,12 @@ def test_a_backend_that_fails_for_good_ends_the_run_with_worker_stalled() -> Non
         ({"faults": float("nan")}, "faults is a probability in [0, 1), got nan"),
         ({"faults": "0.1"}, "faults is a probability in [0, 1), got '0.1'"),
         ({"restart_every": -1}, "restart_every must be an int >= 0 (0: never), got -1"),
+        ({"objects": 2**64}, f"objects must be an int <= {2**40}, got {2**64}"),
+        ({"batch": 2**64}, f"batch must be an int <= {2**16}, got {2**64}"),
+        ({"seed": -1}, "seed must be an int >= 0, got -1"),
+        ({"seed": "x"}, "seed must be an int >= 0, got 'x'"),
+        ({"seed": 1.5}, "seed must be an int >= 0, got 1.5"),
+        ({"progress": 5}, "progress must be callable, got 5"),
     ],
 )
 def test_run_demo_checks_its_options_before_anything_starts(options: dict[str, object], message: str) -> None:
@@ -117,6 +123,28 @@ def test_run_demo_checks_its_options_before_anything_starts(options: dict[str, o
         run_demo(**{"objects": 3, "backend": backend, **options})  # type: ignore[arg-type]
     assert raised.value.rule == "ARG-1" and raised.value.detail == message
     assert backend.calls == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"devices": "ab"}, "devices must be distinct names, got 'ab'"),
+        ({"devices": 3}, "devices must be distinct names, got 3"),
+        ({"devices": ["a", "a"]}, "devices must be distinct names, got ['a', 'a']"),
+        ({"make": 5}, "make must be callable, got 5"),
+        ({"seed": b"x"}, "seed must be an int >= 0, got b'x'"),
+        ({"progress": "bar"}, "progress must be callable, got 'bar'"),
+        ({"objects": 2**64}, f"objects must be an int <= {2**40}, got {2**64}"),
+    ],
+)
+def test_run_devices_checks_its_options_before_anything_starts(options: dict[str, object], message: str) -> None:
+    from devbridge.apps.worker import run_devices
+
+    made: list[str] = []
+    with pytest.raises(InvalidArgumentError) as raised:
+        run_devices(**{"objects": 3, "devices": ["a", "b"], "backend": "fake", "make": made.append, **options})  # type: ignore[arg-type]
+    assert raised.value.rule == "ARG-1" and raised.value.detail == message
+    assert made == []  # no backend was made
 
 
 @pytest.mark.parametrize("options", [{"objects": 0}, {"floats": 0}, {"floats": 2.5}])

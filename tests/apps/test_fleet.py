@@ -107,7 +107,7 @@ def test_a_batch_that_always_fails_is_tried_a_bounded_number_of_times(cluster: N
         ({"backend": "cuda"}, "backend must be 'fake' or 'tinygrad', got 'cuda'"),
         ({"address": 5}, "address must be None or a Ray address, got 5"),
         ({"progress": 5}, "progress must be callable, got 5"),
-        ({"seed": "x"}, "seed must be an int, got 'x'"),
+        ({"seed": "x"}, "seed must be an int >= 0, got 'x'"),
     ],
 )
 def test_bad_options_are_refused_before_ray_starts(options: dict[str, Any], detail: str) -> None:
