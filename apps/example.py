@@ -58,7 +58,8 @@ def run_example(
     """`objects` round trips of `floats` float32 values each on `backend` (a name for
     make_backend, or an opened Backend); its timeline written to `trace` (a path), if given."""
     for name, value in (("objects", objects), ("floats", floats)):
-        count(name, value, least=1)
+        count(name, value, least=1, most=1 << 30)
+    count("seed", seed)
     dev = make_backend(backend, device) if isinstance(backend, str) else backend
     bridge = Bridge(dev, trace=trace)
     try:
@@ -151,6 +152,9 @@ def run_jit_example(
     from tinygrad.engine.jit import TinyJit
     from tinygrad.tensor import Tensor
 
+    count("steps", steps, least=1, most=1 << 20)
+    count("restart_at", restart_at)
+    count("seed", seed)
     dev = make_backend(backend, device) if isinstance(backend, str) else backend
     bridge, ring = Bridge(dev, pending_warning_s=0.0), HostRing(1 << 16)
     rows, d_in, d_out = 4, 8, 8

@@ -147,11 +147,23 @@ def test_run_devices_checks_its_options_before_anything_starts(options: dict[str
     assert made == []  # no backend was made
 
 
-@pytest.mark.parametrize("options", [{"objects": 0}, {"floats": 0}, {"floats": 2.5}])
+@pytest.mark.parametrize(
+    "options", [{"objects": 0}, {"floats": 0}, {"floats": 2.5}, {"objects": 2**64}, {"seed": -1}, {"seed": "x"}]
+)
 def test_run_example_checks_its_options(options: dict[str, object]) -> None:
     backend = FakeBackend()
     with pytest.raises(InvalidArgumentError) as raised:
         run_example(**{"backend": backend, **options})  # type: ignore[arg-type]
+    assert raised.value.rule == "ARG-1" and backend.calls == []
+
+
+@pytest.mark.parametrize("options", [{"steps": 0}, {"steps": "6"}, {"restart_at": -1}, {"seed": -1}, {"seed": 1.5}])
+def test_run_jit_example_checks_its_options(options: dict[str, object]) -> None:
+    from devbridge.apps.example import run_jit_example
+
+    backend = FakeBackend()
+    with pytest.raises(InvalidArgumentError) as raised:
+        run_jit_example(**{"backend": backend, **options})  # type: ignore[arg-type]
     assert raised.value.rule == "ARG-1" and backend.calls == []
 
 
