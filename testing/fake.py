@@ -39,6 +39,7 @@ import numpy as np
 
 from devbridge.args import flag, optional_count
 from devbridge.backends.base import Backend, BackendError, fault_count, implements
+from devbridge.errors import short
 from devbridge.statemachine.status import OK, PENDING, Status
 
 GUARD = 64  # guard bytes on each side of a buffer
@@ -540,9 +541,9 @@ class FakeBackend:
     def _resolve(self, token: Any) -> FakeEvent:
         token = getattr(token, "backend_token", token)
         key = token.id if isinstance(token, FakeEvent) else token
-        ev = self._events.get(key)
+        ev = self._events.get(key) if type(key) is int else None  # (event ids are ints: a list is none)
         if ev is None:
-            raise KeyError(f"no fake event {token!r}")
+            raise KeyError(f"no fake event {short(token)}")
         return ev
 
     def _run_ahead(self, ev: FakeEvent, notify: bool = True) -> None:

@@ -23,7 +23,9 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from devbridge.backends.base import Backend, BackendError, fault_count, implements
+from devbridge.args import count, refuse
+from devbridge.backends.base import FAULTABLE, Backend, BackendError, fault_count, implements
+from devbridge.errors import short
 from devbridge.statemachine.status import Status
 
 
@@ -40,7 +42,16 @@ class FaultyBackend:
         random_ops: tuple[str, ...] = ("alloc", "copy_in", "copy_out"),
         log_limit: int = 100_000,
     ) -> None:
-        """`rate`: besides the faults a test arms, fail each call of `random_ops` with this probability."""
+        """`rate`: besides the faults a test arms, fail each call of `random_ops` with this
+        probability (ARG-1 for an inner that is no backend, or an option out of its range)."""
+        if not isinstance(getattr(inner, "name", None), str) or not callable(getattr(inner, "alloc", None)):
+            refuse(f"inner must be a backend, got {short(inner)}")
+        if not (isinstance(rate, int | float) and not isinstance(rate, bool) and 0.0 <= rate <= 1.0):
+            refuse(f"rate must be a probability in [0, 1], got {short(rate)}")
+        if type(random_ops) is not tuple or not all(op in FAULTABLE for op in random_ops):
+            refuse(f"random_ops must be a tuple of ops in {FAULTABLE}, got {short(random_ops)}")
+        count("seed", seed)
+        log_limit = count("log_limit", log_limit, most=1 << 40)
         self.inner = inner
         self.name = f"faulty({inner.name})"
         self.ops: deque[str] = deque(maxlen=log_limit)  # the latest backend ops, oldest first

@@ -507,3 +507,43 @@ def test_every_backend_documents_each_protocol_method_its_own_docstring_first() 
         assert inspect.getdoc(cls) and all(inspect.getdoc(getattr(cls, n)) for n in methods), cls
     assert FakeBackend.copy_in.__doc__ == Backend.copy_in.__doc__  # the protocol's, where it had none
     assert FakeBackend.wait.__doc__ != Backend.wait.__doc__  # its own kept
+
+
+@pytest.mark.parametrize("token", [[0], {}, False, True, 0.0, "0", None])
+def test_a_control_given_what_is_no_event_id_names_it_in_a_key_error(token: object) -> None:
+    """An unhashable token, or one equal to an event's id but not an int (False == 0), is no
+    event: the same KeyError as an unknown id, never a TypeError, never the pending event."""
+    fake = FakeBackend()
+    buf = fake.alloc(8, "uint8")
+    event = fake.copy_in(buf, 0, memoryview(bytes(8)), sync=False)
+    for control in (fake.complete, fake.fail):
+        with pytest.raises(KeyError, match="no fake event"):
+            control(token)
+    assert not fake.query(event).done
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"inner": None},
+        {"inner": "fake"},
+        {"rate": 1.5},
+        {"rate": "0.1"},
+        {"rate": True},
+        {"seed": []},
+        {"seed": -1},
+        {"random_ops": ["alloc"]},
+        {"random_ops": ("launch",)},
+        {"log_limit": -1},
+        {"log_limit": 2**64},
+        {"log_limit": 1.5},
+    ],
+    ids=repr,
+)
+def test_a_faulty_backend_refuses_options_out_of_their_range(options: dict[str, object]) -> None:
+    from devbridge.backends.faulty import FaultyBackend
+    from devbridge.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as refused_:
+        FaultyBackend(**{"inner": FakeBackend(), **options})  # type: ignore[arg-type]
+    assert refused_.value.rule == "ARG-1"
