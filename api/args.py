@@ -50,8 +50,10 @@ def count(name: str, value: object, least: int = 0, note: str = "", most: int | 
 def optional_count(name: str, value: object, least: int = 0, most: int = 1 << 62) -> int | None:
     """None, or `value` as an int in [least, most]; ARG-1 otherwise."""
     n = None if value is None else as_count(value)
-    if value is not None and (n is None or not least <= n <= most):
-        refuse(f"{name} must be None or an int in [{least}, {most}], got {short(value)}")
+    if value is not None and (n is None or n < least):
+        refuse(f"{name} must be None or an int >= {least}, got {short(value)}")
+    if n is not None and n > most:
+        refuse(f"{name} must be None or an int <= {most}, got {short(value)}")
     return n
 
 

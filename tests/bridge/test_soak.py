@@ -33,6 +33,8 @@ def test_calls_kept_is_a_count_or_none() -> None:
     for bad in (-1, 1.5, "3", True):
         with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\] calls_kept must be None or an int >= 0"):
             FakeBackend(calls_kept=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"\[ARG-1\] calls_kept must be None or an int <= "):
+        FakeBackend(calls_kept=2**64)  # (a deque's length is a C size)
 
 
 @pytest.mark.skipif("CPU" not in DEVICES, reason="tinygrad's CPU device does not open here")
