@@ -23,7 +23,8 @@ names it: the bytes a copy reads must be the bytes it was given.
 enqueues, as tinygrad's own `_copyin` on OpenCL does: the copy reports done
 at submission, but moves its bytes only when the queue reaches it: once the
 events pending ahead of it have all completed, and no earlier than the
-fake's next call that submits or ends work.
+fake's next call that submits or ends work. Until then the device bytes it
+lands on are poison: whatever a real device holds there is not the copy's.
 """
 
 from __future__ import annotations
@@ -510,6 +511,8 @@ class FakeBackend:
         if sync and self.reads_sync_late:  # reported done now; the bytes move when the queue reaches it
             ev.after = tuple(e.id for e in self.pending() if e is not ev)
             self._late.append(ev)
+            if ev.op == "copy_in" and ev.span is not None:  # the bytes it lands on are none until it does
+                self._buffers[ev.buffers[0]].data[ev.span[0] : ev.span[1]] = POISON_BYTE
         else:
             self._run_ahead(ev, notify=False)  # the caller holds its locks: it finds them done later
             if ev.apply:

@@ -362,15 +362,20 @@ def test_a_device_whose_sync_copy_only_enqueues_is_caught_by_the_late_read_check
     assert caught.value.kind == "late-read"
 
 
+#: The device bytes a late copy lands on, until it does.
+UNLANDED = bytes([POISON_BYTE]) * 4
+
+
 def late_device(pending_ahead: int = 0) -> tuple[FakeBackend, list[object], int]:
     """A `reads_sync_late` fake holding one sync upload of b"late" into a new buffer, reported done
-    but not yet moved, behind `pending_ahead` pending async uploads (a buffer each)."""
+    but not yet moved (its bytes poison until then), behind `pending_ahead` pending async uploads
+    (a buffer each)."""
     fake = FakeBackend()
     fake.reads_sync_late = True
     ahead = [fake.copy_in(fake.alloc(4, "uint8"), 0, memoryview(b"head"), sync=False) for _ in range(pending_ahead)]
     target: int = fake.alloc(4, "uint8")  # type: ignore[assignment]
     done = fake.copy_in(target, 0, memoryview(b"late"), sync=True)
-    assert fake.query(done).done and fake.buffer(target).data.tobytes() == bytes(4)
+    assert fake.query(done).done and fake.buffer(target).data.tobytes() == UNLANDED
     return fake, ahead, target
 
 
@@ -388,7 +393,7 @@ def test_a_late_copy_with_nothing_ahead_moves_at_the_next_call_that_submits_or_e
 ) -> None:
     fake, _, target = late_device()
     fake.alloc(4, "uint8")  # an alloc submits no work: the bytes still wait
-    assert fake.buffer(target).data.tobytes() == bytes(4)
+    assert fake.buffer(target).data.tobytes() == UNLANDED
     next_call(fake)
     assert fake.buffer(target).data.tobytes() == b"late" and fake.violations == []
 
@@ -396,7 +401,7 @@ def test_a_late_copy_with_nothing_ahead_moves_at_the_next_call_that_submits_or_e
 def test_a_late_copy_waits_for_the_events_ahead_of_it_whatever_else_is_called() -> None:
     fake, (ahead,), target = late_device(1)
     fake.compute([fake.alloc(4, "uint8")])  # a call that submits work: the queue has not reached it
-    assert fake.buffer(target).data.tobytes() == bytes(4)
+    assert fake.buffer(target).data.tobytes() == UNLANDED
     fake.complete(ahead)
     assert fake.buffer(target).data.tobytes() == b"late"
 
