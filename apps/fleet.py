@@ -24,7 +24,6 @@ import io
 import itertools
 import json
 import os
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ from devbridge.apps.tally import Delivery, Tally
 from devbridge.apps.worker.drivers import check_demo, check_run, device_worker
 from devbridge.args import count, refuse
 from devbridge.bridge.trace import Trace, TraceClock
-from devbridge.errors import short
+from devbridge.errors import BridgeError, short
 
 #: How many times a batch is tried (each on a live actor) before its objects count as lost.
 ATTEMPTS = 5
@@ -83,15 +82,23 @@ class DeviceActor:
             # actor is killed with ray.kill, and its pool's processes and semaphores with it
             # would outlive it
             tinygrad.helpers.PARALLEL.value = 0
-        self.backend = make_backend(backend, device)
+        self.failure: BridgeError | None = None  # why its backend did not open: every call raises it
+        try:
+            self.backend = make_backend(backend, device)
+        except BridgeError as e:
+            self.failure = e
         self.faults, self.restart_every, self.seed = faults, restart_every, seed
 
     def ready(self) -> int:
         """Its process id, once it is up (the backend opened)."""
+        if self.failure is not None:
+            raise self.failure
         return os.getpid()
 
     def run(self, ks: list[int], trace: bool = False) -> BatchResult:
         """Run one batch; with `trace`, its timeline comes back with the result."""
+        if self.failure is not None:
+            raise self.failure
         out = io.StringIO()
         timeline = Trace(out) if trace else None
         worker = device_worker(
@@ -218,12 +225,10 @@ def _drive(
     killed: list[Any] = []  # actors killed mid-run, waited for with the others at the end
     try:
         ray.get([actor.ready.remote() for actor in actors])  # the clock starts with every actor up
-    except ray.exceptions.RayActorError as e:  # one that cannot start (a device that does not open) never will
-        if not getattr(e, "actor_init_failed", False):
+    except ray.exceptions.RayTaskError as e:  # a backend that did not open (a device) never will
+        if not isinstance(e.cause, BridgeError):
             raise
-        last = ([line.strip() for line in str(getattr(e, "error_msg", "")).splitlines() if line.strip()] or [""])[-1]
-        typed = re.fullmatch(r"[\w.]+Error: \[[\w-]+\] (.*) \(see [^()]*\)", last)  # our error's own words
-        refuse(f"an actor of the fleet could not start: {typed.group(1) if typed else last or e}")
+        refuse(f"an actor of the fleet could not start: {e.cause.detail}")
     start = time.perf_counter()
     while queue or running:
         busy = {slot for slot, _ in running.values()}

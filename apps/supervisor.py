@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from devbridge.args import as_seconds, count
+from devbridge.args import as_seconds, count, refuse
 from devbridge.errors import BridgeError, InvalidArgumentError, short
 from devbridge.ring.host import HostRing
 from devbridge.ring.segment import segment_path
@@ -41,7 +41,7 @@ _WAIT_STEP_S = 86400.0
 def _name(name: object) -> str:
     """A child's name; ARG-1 for what is not a str."""
     if type(name) is not str:
-        raise InvalidArgumentError("ARG-1", f"a child's name must be a str, got {short(name)}")
+        refuse(f"a child's name must be a str, got {short(name)}")
     return name
 
 
@@ -79,7 +79,7 @@ class Supervisor:
         window: float = 60.0,
     ) -> None:
         if type(rings) not in (tuple, list):
-            raise InvalidArgumentError("ARG-1", f"rings must be a tuple of ring names, got {short(rings)}")
+            refuse(f"rings must be a tuple of ring names, got {short(rings)}")
         for name in rings:
             segment_path(name)  # (ARG-1 for what names no ring)
         self.rings = tuple(rings)
@@ -99,9 +99,9 @@ class Supervisor:
         if _name(name) in self._children:
             raise InvalidArgumentError("ARG-1", f"a child named {name!r} is running under this supervisor")
         if not callable(target):
-            raise InvalidArgumentError("ARG-1", f"a child's target must be callable, got {short(target)}")
+            refuse(f"a child's target must be callable, got {short(target)}")
         if type(restart) is not bool:
-            raise InvalidArgumentError("ARG-1", f"restart must be a bool, got {short(restart)}")
+            refuse(f"restart must be a bool, got {short(restart)}")
         child = _Child(name, target, args, restart, self._start(name, target, args))
         self._children[name] = child
         return int(child.process.pid)
@@ -111,7 +111,7 @@ class Supervisor:
         try:
             process.start()  # (the target and its arguments are pickled before a process exists)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            raise InvalidArgumentError("ARG-1", f"child {name!r}: its target or arguments do not pickle: {e}") from None
+            refuse(f"child {name!r}: its target or arguments do not pickle: {e}")
         return process
 
     def pid(self, name: str) -> int | None:
@@ -139,7 +139,7 @@ class Supervisor:
         for what is no signal."""
         process = self._child(name).process
         if type(sig) not in (int, signal.Signals) or sig not in signal.valid_signals():
-            raise InvalidArgumentError("ARG-1", f"sig must be a signal number, got {short(sig)}")
+            refuse(f"sig must be a signal number, got {short(sig)}")
         if process is not None and process.is_alive():
             os.kill(process.pid, sig)
 
